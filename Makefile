@@ -1,0 +1,51 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+# Both create .venv and install the pinned requirements first when needed.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PRESET ?= auto
+LESSONS ?=
+# CI and batch runs: no progress bars, no GUI backend.
+export TQDM_DISABLE ?= 1
+export MPLBACKEND ?= Agg
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup run test notebooks bench tiny-model clean help
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make run        run the lessons (PRESET=auto|tiny|t4-16g|24g|80g, LESSONS='01 02') and print a summary"
+	@echo "make test       unit tests + lesson execution (papermill) + nbval regression"
+	@echo "make setup      create $(VENV) and install the pinned requirements"
+	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
+	@echo "make bench      benchmark report (wall time, peak memory, metrics) in bench/"
+	@echo "make tiny-model rebuild the embedded tiny model (about 10 minutes on 2 cores)"
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the pinned requirements into $(VENV) (log: $(VENV)/install.log) ..."
+	@$(PY) -m pip install -r requirements.txt > $(VENV)/install.log 2>&1 || \
+		{ tail -n 30 $(VENV)/install.log; echo "pip install failed; full log in $(VENV)/install.log"; exit 1; }
+	@touch $@
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m utils.run $(LESSONS) --preset $(PRESET)
+
+test: $(STAMP)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
+
+notebooks: $(STAMP)
+	$(PY) -m utils.run $(LESSONS) --preset tiny --inplace
+
+bench: $(STAMP)
+	$(PY) -m utils.run $(LESSONS) --preset tiny --bench --out bench
+
+tiny-model: $(STAMP)
+	$(PY) -m utils.tiny build
+
+clean:
+	rm -rf runs bench .pytest_cache

@@ -1,0 +1,63 @@
+"""Generation and metrics, on the embedded tiny model."""
+import pytest
+import torch
+
+from utils import data, evaluation, tiny
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    return tiny.load()
+
+
+@pytest.mark.parametrize("n,c,k,expected", [(2, 1, 1, 0.5), (5, 0, 3, 0.0), (4, 2, 2, 1 - 1 / 6), (8, 8, 1, 1.0),
+                                            (10, 3, 1, 0.3), (3, 1, 3, 1.0)])
+def test_pass_at_k_known_values(n, c, k, expected):
+    assert evaluation.pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        evaluation.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        evaluation.pass_at_k(4, 1, 5)
+
+
+def test_prompts_and_stop_tokens(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    p = data.make_problems(1, "test")[0]
+    assert evaluation.format_prompts(tok, [p], "plain") == [data.to_plain_prompt(p)]
+    chat = evaluation.format_prompts(tok, [p], "chat")[0]
+    assert chat.startswith("<|im_start|>user\n") and chat.endswith("<|im_start|>assistant\n")
+    ids = evaluation.stop_token_ids(tok)
+    assert tok.convert_tokens_to_ids("<|im_end|>") in ids and tok.convert_tokens_to_ids("<|endoftext|>") in ids
+    with pytest.raises(ValueError, match="fmt"):
+        evaluation.format_prompts(tok, [p], "xml")
+
+
+def test_generate_greedy_is_deterministic_and_batch_independent(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    prompts = evaluation.format_prompts(tok, data.make_problems(6, "test"), "plain")
+    a = evaluation.generate(model, tok, prompts, max_new_tokens=40, batch_size=6, progress=False)
+    b = evaluation.generate(model, tok, prompts, max_new_tokens=40, batch_size=2, progress=False)
+    assert a == b and len(a) == 6 and all(len(x) == 1 for x in a)
+    cut = evaluation.generate(model, tok, prompts, max_new_tokens=60, stop_strings=["\n\n"], progress=False)
+    assert all("\n\n" not in x[0] for x in cut)
+    with pytest.raises(ValueError):
+        evaluation.generate(model, tok, prompts, num_return_sequences=2)
+
+
+def test_evaluate_metrics(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    probs = data.make_problems(16, "test", seed=5)
+    torch.manual_seed(0)
+    res = evaluation.evaluate(model, tok, probs, fmt="plain", n=4, temperature=1.0, ks=(1, 2, 4),
+                              max_new_tokens=64, progress=False)
+    assert 0 <= res["pass@1"] <= res["pass@2"] <= res["pass@4"] <= 1
+    assert res["accuracy"] == pytest.approx(res["pass@1"])
+    assert len(res["completions"]) == 16 and all(len(c) == 4 for c in res["completions"])
+    assert set(res["accuracy_by_difficulty"]) <= {1, 2, 3}
+    greedy = evaluation.evaluate(model, tok, probs, fmt="plain", max_new_tokens=64, progress=False)
+    assert greedy["accuracy"] == sum(greedy["n_correct"]) / 16
+    with pytest.raises(ValueError, match="greedy"):
+        evaluation.evaluate(model, tok, probs, n=2)

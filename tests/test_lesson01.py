@@ -1,0 +1,31 @@
+"""Lesson 01 runs end to end on `tiny` under papermill and shows the SFT effect in its records."""
+import pytest
+
+from utils import read_records
+from utils.run import main as run_main
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert run_main(["01", "--preset", "tiny", "--out", str(out)]) == 0, f"lesson 01 failed; see {out}/run.log"
+    (nb,) = out.glob("01_*.ipynb")
+    return read_records(nb)
+
+
+@pytest.mark.slow
+def test_sft_teaches_the_chat_format(records):
+    assert records["01/preset"] == "tiny"
+    assert records["01/format_compliance_after"] >= 0.9
+    assert records["01/format_compliance_after"] > records["01/format_compliance_before"]
+    assert records["01/format_compliance_before"] <= 0.1, "the tiny model should not know the chat format before SFT"
+
+
+@pytest.mark.slow
+def test_every_training_variant_recorded(records):
+    for key in ("hand_format_compliance", "lora_format_compliance", "nomask_format_compliance",
+                "accuracy_before", "accuracy_after", "answer_loss_masked", "answer_loss_unmasked"):
+        value = records[f"01/{key}"]
+        assert isinstance(value, float) and value >= 0, key
+    assert 0 < records["01/lora_trainable_share"] < 0.5
+    assert records["01/hand_format_compliance"] >= 0.8, "the hand-written loop should learn the format too"

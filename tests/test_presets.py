@@ -1,0 +1,209 @@
+"""utils.presets: resolution by hardware and Hub reachability, errors, overrides -- simulated GPUs, no network."""
+import json
+import os
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from utils import presets, runtime
+
+
+def fake_gpu(monkeypatch, name="Tesla T4", capability=(7, 5), total_gb=14.7):
+    """Make torch believe a CUDA GPU is present (the functions runtime.gpu_info reads)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda idx=None: types.SimpleNamespace(total_memory=int(total_gb * 2**30)))
+
+
+T4 = ("Tesla T4", (7, 5), 14.7)
+RTX4090 = ("NVIDIA GeForce RTX 4090", (8, 9), 23.6)
+A100 = ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2)
+V100 = ("Tesla V100-SXM2-32GB", (7, 0), 31.7)
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """CPU by default, an empty Hugging Face cache, and a Hub that is never really contacted."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for key in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
+
+
+def hub_down(monkeypatch):
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: False)
+
+
+def test_tiny_on_cpu():
+    cfg = presets.resolve("tiny")
+    assert (cfg.preset, cfg.lesson, cfg.device, cfg.dtype) == ("tiny", "01", "cpu", torch.float32)
+    assert cfg.model == str(presets.TINY_MODEL_DIR)
+    assert presets.TINY_MODEL_DIR.is_absolute() and presets.TINY_MODEL_DIR.parts[-2:] == ("assets", "tiny-qwen")
+    assert cfg.model_label == "tiny-qwen (embedded)"
+    assert set(presets.LESSON_KEYS["01"]) <= set(cfg.params)
+    assert cfg.dataset == "synthetic" and cfg.difficulty == "mixed" and cfg["max_steps"] == cfg.max_steps
+
+
+def test_tiny_never_probes_the_hub(monkeypatch):
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: pytest.fail("tiny must not touch the network"))
+    presets.resolve("tiny")
+    presets.resolve("auto")
+
+
+def test_auto_on_cpu_is_tiny():
+    assert presets.resolve("auto").preset == "tiny"
+    assert presets.resolve().preset == "tiny"
+
+
+def test_unknown_preset_lists_choices():
+    with pytest.raises(ValueError) as err:
+        presets.resolve("a100")
+    for name in ["auto", *presets.PRESETS]:
+        assert repr(name) in str(err.value)
+
+
+def test_unknown_lesson_lists_defined_lessons():
+    with pytest.raises(ValueError, match=r"\['01'\]"):
+        presets.resolve("tiny", lesson="99")
+    assert presets.resolve("tiny", lesson=1).lesson == "01"
+
+
+def test_gpu_preset_on_cpu(monkeypatch):
+    for name in ("t4-16g", "24g", "80g"):
+        with pytest.raises(RuntimeError, match="tiny"):
+            presets.resolve(name)
+
+
+def test_24g_on_t4_points_to_t4_preset(monkeypatch):
+    fake_gpu(monkeypatch, *T4)
+    with pytest.raises(RuntimeError) as err:
+        presets.resolve("24g")
+    assert "Tesla T4" in str(err.value) and "t4-16g" in str(err.value)
+
+
+def test_bf16_preset_on_gpu_without_bf16(monkeypatch):
+    fake_gpu(monkeypatch, *V100)   # enough memory, but no bf16
+    with pytest.raises(RuntimeError) as err:
+        presets.resolve("24g")
+    assert "bf16" in str(err.value) and "t4-16g" in str(err.value) and "7.0" in str(err.value)
+
+
+def test_t4_preset_on_t4_is_fp16(monkeypatch):
+    fake_gpu(monkeypatch, *T4)
+    cfg = presets.resolve("t4-16g")
+    assert (cfg.device, cfg.dtype, cfg.model) == ("cuda", torch.float16, "Qwen/Qwen2.5-0.5B-Instruct")
+    assert cfg.model_label == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize("gpu, expected", [(T4, "t4-16g"), (RTX4090, "24g"), (A100, "80g"), (V100, "t4-16g"),
+                                           (("NVIDIA GeForce GTX 1080", (6, 1), 7.9), "tiny")])
+def test_auto_by_gpu(monkeypatch, gpu, expected):
+    fake_gpu(monkeypatch, *gpu)
+    cfg = presets.resolve("auto")
+    assert cfg.preset == expected
+    assert cfg.dtype == (torch.float32 if expected == "tiny" else presets._preset_dtype(presets.PRESETS[expected], "cuda"))
+
+
+def test_auto_with_gpu_but_no_hub_falls_back_to_tiny(monkeypatch, capsys):
+    fake_gpu(monkeypatch, *RTX4090)
+    hub_down(monkeypatch)
+    cfg = presets.resolve("auto")
+    assert cfg.preset == "tiny"
+    assert "unreachable" in capsys.readouterr().out
+
+
+def test_gpu_preset_with_hub_unreachable(monkeypatch):
+    fake_gpu(monkeypatch, *RTX4090)
+    hub_down(monkeypatch)
+    with pytest.raises(RuntimeError) as err:
+        presets.resolve("24g")
+    msg = str(err.value)
+    assert "HF_ENDPOINT=https://hf-mirror.com" in msg and "use_hf_mirror" in msg
+    assert "Qwen/Qwen3-1.7B-Base" in msg and "openai/gsm8k" in msg
+
+
+def test_gpu_preset_offline_with_real_hub_reachable_is_false(monkeypatch):
+    """The real hub_reachable with HF_HUB_OFFLINE=1: instant False, and the error says so."""
+    monkeypatch.undo()
+    fake_gpu(monkeypatch, *RTX4090)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE"):
+        presets.resolve("24g")
+
+
+def test_local_model_and_synthetic_data_skip_the_hub(monkeypatch, tmp_path):
+    fake_gpu(monkeypatch, *RTX4090)
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: pytest.fail("no hub needed"))
+    model_dir = tmp_path / "my-qwen"
+    model_dir.mkdir()
+    cfg = presets.resolve("24g", model=str(model_dir), dataset="synthetic")
+    assert cfg.model == str(model_dir) and cfg.model_label == "my-qwen (local)"
+    assert str(tmp_path) not in cfg.table()
+
+
+def test_cached_downloads_skip_the_hub(monkeypatch, tmp_path):
+    fake_gpu(monkeypatch, *T4)
+    hub_down(monkeypatch)
+    hub = tmp_path / "hf" / "hub"
+    (hub / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "abc").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="openai/gsm8k") as err:
+        presets.resolve("t4-16g")
+    assert "Qwen2.5" not in str(err.value)
+    (hub / "datasets--openai--gsm8k" / "snapshots" / "def").mkdir(parents=True)
+    assert presets.resolve("t4-16g").preset == "t4-16g"
+
+
+def test_none_overrides_are_ignored():
+    base = presets.resolve("tiny")
+    cfg = presets.resolve("tiny", max_steps=None, n_train=None, learning_rate=None, seed=None)
+    assert cfg.params == base.params and cfg.seed == 0
+    cfg = presets.resolve("tiny", max_steps=7, seed=3)
+    assert cfg.max_steps == 7 and cfg.seed == 3
+
+
+def test_unknown_override_rejected():
+    with pytest.raises(ValueError) as err:
+        presets.resolve("tiny", max_stepz=10)
+    assert "max_stepz" in str(err.value) and "max_steps" in str(err.value)
+
+
+def test_every_preset_defines_every_lesson01_key():
+    keys = set(presets.LESSON_KEYS["01"])
+    for name, spec in presets.PRESETS.items():
+        assert {"description", "needs_gpu", "min_gpu_gb", "bf16", "measured", "lessons"} <= set(spec), name
+        lesson = spec["lessons"]["01"]
+        assert set(lesson) == keys, (name, keys ^ set(lesson))
+        assert lesson["dataset"] == ("synthetic" if name == "tiny" else "openai/gsm8k")
+        assert lesson["difficulty"] in (1, 2, 3, "mixed")
+        assert lesson["max_new_tokens"] < lesson["max_length"] or name == "tiny"
+    assert presets.PRESETS["tiny"]["needs_gpu"] is False
+    assert all(spec["needs_gpu"] for name, spec in presets.PRESETS.items() if name != "tiny")
+
+
+def test_lessons_do_not_share_mutable_values():
+    cfg = presets.resolve("tiny")
+    cfg.lora_target_modules.append("lm_head")
+    assert "lm_head" not in presets.resolve("tiny").lora_target_modules
+
+
+def test_table_and_to_dict():
+    cfg = presets.resolve("tiny")
+    table = cfg.table()
+    for word in ("preset", "tiny", "tiny-qwen (embedded)", "cpu", "fp32", "n_train", "n_test", "max_length",
+                 "batch_size", "max_steps", "lora_r"):
+        assert word in table
+    assert str(presets.REPO_ROOT) not in table and os.path.expanduser("~") not in table
+    assert not any(Path(tok).is_absolute() for tok in table.split())
+    d = cfg.to_dict()
+    json.dumps(d)
+    assert d["dtype"] == "fp32" and d["model"] == "utils/assets/tiny-qwen"
+    with pytest.raises(AttributeError, match="max_steps"):
+        cfg.no_such_key

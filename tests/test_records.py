@@ -1,0 +1,156 @@
+"""Tests for utils.records: record() -> notebook outputs -> read_records()."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from utils import records  # noqa: E402
+from utils.records import RECORD_MIME, read_records, record  # noqa: E402
+
+
+def _record_output(key, value):
+    """A display_data output exactly as record() emits it inside a kernel."""
+    return new_output("display_data", data={RECORD_MIME: {"key": key, "value": value},
+                                            "text/plain": f"[record] {key} = {value!r}"})
+
+
+def _write(nb, tmp_path, name="nb.ipynb"):
+    path = tmp_path / name
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_round_trip_from_written_notebook(tmp_path):
+    nb = new_notebook(cells=[
+        new_markdown_cell("# Lesson"),
+        new_code_cell("x = 1", outputs=[new_output("stream", name="stdout", text="hello\n")]),
+        new_code_cell("record(...)", outputs=[
+            _record_output("01/format_compliance_after", 0.9375),
+            _record_output("grpo/heldout_accuracy_after", {"mean": 0.5, "per_seed": [0.4, 0.6]}),
+        ]),
+        new_code_cell("record(...)", outputs=[_record_output("01/n_params", 123)]),
+    ])
+    path = _write(nb, tmp_path)
+    got = read_records(path)
+    assert got == {"01/format_compliance_after": 0.9375,
+                   "grpo/heldout_accuracy_after": {"mean": 0.5, "per_seed": [0.4, 0.6]},
+                   "01/n_params": 123}
+    assert list(got) == ["01/format_compliance_after", "grpo/heldout_accuracy_after", "01/n_params"]
+    assert read_records(str(path)) == got  # str path works too
+    assert read_records(nbformat.read(str(path), as_version=4)) == got  # and a loaded node
+
+
+def test_execute_result_and_later_record_wins(tmp_path):
+    nb = new_notebook(cells=[
+        new_code_cell("a", outputs=[_record_output("t/a", 1), _record_output("t/b", 2)]),
+        new_code_cell("b", execution_count=1, outputs=[
+            new_output("execute_result", execution_count=1,
+                       data={RECORD_MIME: {"key": "t/a", "value": 3}, "text/plain": "x"})]),
+    ])
+    assert read_records(_write(nb, tmp_path)) == {"t/a": 3, "t/b": 2}
+
+
+def test_notebook_without_records(tmp_path):
+    nb = new_notebook(cells=[new_markdown_cell("hi"), new_code_cell("1 + 1")])
+    assert read_records(_write(nb, tmp_path)) == {}
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_records(tmp_path / "nope.ipynb")
+
+
+def test_invalid_json_file(tmp_path):
+    path = tmp_path / "broken.ipynb"
+    path.write_text("{ not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="broken.ipynb is not a valid notebook"):
+        read_records(path)
+
+
+def test_json_but_not_a_notebook(tmp_path):
+    path = tmp_path / "list.ipynb"
+    path.write_text(json.dumps([1, 2, 3]), encoding="utf-8")
+    with pytest.raises(ValueError, match="not a valid notebook"):
+        read_records(path)
+
+
+def test_record_stores_and_prints(capsys):
+    record("t/acc", 0.9375)
+    assert records.RECORDS["t/acc"] == 0.9375
+    assert capsys.readouterr().out.strip() == "[record] t/acc = 0.9375"
+    record("t/long", 1 / 3)
+    assert records.RECORDS["t/long"] == 1 / 3  # full value kept
+    assert capsys.readouterr().out.strip() == "[record] t/long = 0.3333"
+
+
+@pytest.mark.parametrize("key", ["noslash", "a b/c", "/x", "x/", "lesson/metric name", "", 3])
+def test_invalid_key(key):
+    with pytest.raises(ValueError, match="invalid key"):
+        record(key, 1.0)
+
+
+def test_valid_keys():
+    for key in ["01/format_compliance_after", "grpo/heldout_accuracy_after", "dpo/win_rate@8", "a.b-c/x/y"]:
+        record(key, 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), [1.0, float("nan")],
+                                 {"x": float("nan")}, np.float32("nan")])
+def test_non_finite_raises(bad):
+    with pytest.raises(ValueError, match="record None"):
+        record("t/bad", bad)
+
+
+def test_none_is_allowed():
+    record("t/undefined", None)
+    assert records.RECORDS["t/undefined"] is None
+
+
+def test_numpy_conversion():
+    record("t/np", {"f": np.float32(0.5), "i": np.int64(7), "b": np.bool_(True),
+                    "arr0": np.array(2.5), "tup": (np.int32(1), 2)})
+    got = records.RECORDS["t/np"]
+    assert got == {"f": 0.5, "i": 7, "b": True, "arr0": 2.5, "tup": [1, 2]}
+    assert type(got["f"]) is float and type(got["i"]) is int and type(got["b"]) is bool
+    json.dumps(got)  # plain JSON
+
+
+def test_non_serializable_raises_type_error():
+    with pytest.raises(TypeError, match="t/obj.*object"):
+        record("t/obj", object())
+    with pytest.raises(TypeError, match="t/arr"):
+        record("t/arr", np.array([1.0, 2.0]))
+
+
+def test_records_module_does_not_import_torch():
+    code = "import sys; sys.path.insert(0, %r); import utils.records; print('torch' in sys.modules)" % str(REPO_ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_end_to_end_with_kernel(tmp_path):
+    nbclient = pytest.importorskip("nbclient")
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        pytest.skip("no 'python3' Jupyter kernelspec installed (pip install ipykernel)")
+    nb = new_notebook(cells=[
+        new_code_cell(f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                      "from utils import record\n"
+                      "record('t/x', 0.5)"),
+        new_code_cell("record('t/y', [1, 2])"),
+    ])
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=60,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    path = _write(nb, tmp_path, "executed.ipynb")
+    assert read_records(path) == {"t/x": 0.5, "t/y": [1, 2]}

@@ -1,0 +1,76 @@
+"""Reference SFT pieces in utils/sft.py."""
+import pytest
+import torch
+
+from utils import data, presets, sft, tiny
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny.load()[1]
+
+
+def test_mask_covers_answer_and_end_of_turn_only(tok):
+    p = {"question": "Tom has 2 apples. How many apples does Tom have now?", "answer": "2 + 0 = 2\n#### 2"}
+    ex = sft.tokenize_sft_example(tok, data.to_messages(p), max_length=512)
+    ids, labels = ex["input_ids"], ex["labels"]
+    answer = tok(p["answer"], add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    n_prompt = len(ids) - len(answer)
+    assert ids[n_prompt:] == answer
+    assert labels == [-100] * n_prompt + answer
+    # the same positions the chat template's {% generation %} markers give (TRL's assistant_only_loss)
+    out = tok.apply_chat_template(data.to_messages(p), return_dict=True, return_assistant_tokens_mask=True)
+    mask = out["assistant_masks"][:len(ids)]
+    assert [l != -100 for l in labels] == [bool(m) for m in mask]
+
+
+def test_truncation(tok):
+    msgs = data.to_messages(data.make_problems(1, "train")[0])
+    ex = sft.tokenize_sft_example(tok, msgs, max_length=20)
+    assert len(ex["input_ids"]) == len(ex["labels"]) == 20
+
+
+def test_collate_known_values():
+    b = sft.collate([{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3], "labels": [3]}], pad_token_id=9)
+    assert b["input_ids"].tolist() == [[1, 2], [3, 9]]
+    assert b["labels"].tolist() == [[-100, 2], [3, -100]]
+    assert b["attention_mask"].tolist() == [[1, 1], [1, 0]]
+    assert all(v.dtype == torch.long for v in b.values())
+
+
+def test_completion_loss_does_not_depend_on_batch_size(tok):
+    model = tiny.load()[0]
+    exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 256) for p in data.make_problems(6, "test")]
+    a = sft.completion_loss(model, exs, tok.pad_token_id, batch_size=6)
+    b = sft.completion_loss(model, exs, tok.pad_token_id, batch_size=4)
+    assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_training_arguments_follow_the_preset(tmp_path):
+    cfg = presets.resolve("tiny", "01")
+    args = sft.training_arguments(cfg, tmp_path, max_steps=7)
+    assert args.max_steps == 7 and args.learning_rate == cfg.learning_rate
+    assert not args.fp16 and not args.bf16 and args.save_strategy == "no"
+
+
+def test_last_checkpoint_is_numeric_order(tmp_path):
+    assert sft.last_checkpoint(tmp_path) is None
+    for n in (9, 10, 100):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+    assert sft.last_checkpoint(tmp_path).endswith("checkpoint-100")
+
+
+def test_with_lora_trains_only_adapters():
+    cfg = presets.resolve("tiny", "01")
+    model = sft.with_lora(tiny.load()[0], cfg)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_train_sft_few_steps_lowers_loss(tmp_path):
+    """The shared recipe later lessons reuse: loss goes down and the trainer logs it."""
+    cfg = presets.resolve("tiny", "01", max_steps=12, logging_steps=4, n_train=64)
+    model, tok = tiny.load()
+    trainer = sft.train_sft(model, tok, data.make_problems(64, "train", seed=2), cfg, tmp_path)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and losses[-1] < losses[0]

@@ -1,0 +1,22 @@
+"""Shared helpers for the post-training course lessons.
+
+Kept deliberately small: only what several lessons reuse lives here. Import the
+submodules you need (``from utils import data, rewards, evaluation``); the two
+functions every lesson uses are re-exported at the top level.
+"""
+import logging as _logging
+import warnings as _warnings
+
+from .records import read_records, record
+
+__all__ = ["record", "read_records"]
+
+# Messages a student cannot act on, silenced narrowly (by message and module), never globally:
+# - tqdm in a kernel without ipywidgets falls back to text bars (that is fine);
+# - peft still asks transformers 5.23 for the deprecated `is_gradient_checkpointing`;
+# - bitsandbytes' optional CPU kernel lives on the Hub; without it bitsandbytes uses its own
+#   implementation (same results), and says so at every import.
+_warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
+_warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+_logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda rec: "kernels-community" not in rec.getMessage())

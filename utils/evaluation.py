@@ -1,0 +1,149 @@
+"""Batched generation and held-out metrics: accuracy, format compliance, pass@k.
+
+The same code evaluates the embedded tiny model on a CPU and a real Qwen model on
+a GPU. Two prompt formats:
+
+* ``"plain"``: the pretraining format ``Question: ...\\nAnswer:\\n``; generation
+  stops at the document separator (a blank line), like few-shot base-model evals.
+* ``"chat"``: the tokenizer's chat template with ``add_generation_prompt=True``;
+  generation stops at ``<|im_end|>`` / ``<|endoftext|>``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from tqdm.auto import tqdm
+
+from . import data, rewards
+
+FORMATS = ("chat", "plain")
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """Ids that end a generation: the tokenizer's eos plus Qwen's ``<|im_end|>`` and ``<|endoftext|>``."""
+    ids = {tokenizer.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        i = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+def format_prompts(tokenizer, problems: list[dict], fmt: str = "chat", system: str | None = None) -> list[str]:
+    """Prompt strings for ``problems`` in the ``"chat"`` or ``"plain"`` format."""
+    if fmt == "plain":
+        return [data.to_plain_prompt(p) for p in problems]
+    if fmt == "chat":
+        return [tokenizer.apply_chat_template(data.to_prompt_messages(p, system), tokenize=False,
+                                              add_generation_prompt=True) for p in problems]
+    raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+
+
+@torch.inference_mode()
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 128, do_sample: bool = False,
+             temperature: float = 1.0, top_p: float = 1.0, num_return_sequences: int = 1,
+             batch_size: int = 32, stop_strings: list[str] | None = None, progress: bool = True,
+             desc: str = "generate") -> list[list[str]]:
+    """Generate completions for already-formatted prompt strings.
+
+    Args:
+        prompts: P prompt strings (chat template already applied, or plain text).
+        num_return_sequences: n completions per prompt (needs ``do_sample=True`` when n > 1).
+        batch_size: sequences per forward pass (prompts per batch = batch_size // n).
+        stop_strings: generation stops at the first of these; the text is cut there.
+    Returns:
+        P lists of n completion strings (special tokens removed).
+    """
+    if num_return_sequences > 1 and not do_sample:
+        raise ValueError("num_return_sequences > 1 needs do_sample=True (greedy gives n copies)")
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # decoder-only models generate to the right of the prompt
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=stop_token_ids(tokenizer),
+                      pad_token_id=pad_id, num_return_sequences=num_return_sequences)
+    if do_sample:
+        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    if stop_strings:
+        gen_kwargs.update(stop_strings=stop_strings, tokenizer=tokenizer)
+    per_batch = max(1, batch_size // num_return_sequences)
+    device = next(model.parameters()).device
+    out: list[list[str]] = []
+    try:
+        for i in tqdm(range(0, len(prompts), per_batch), desc=desc, **({} if progress else {"disable": True})):
+            enc = tokenizer(prompts[i:i + per_batch], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
+            seqs = model.generate(**enc, **gen_kwargs)
+            texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            if stop_strings:
+                texts = [_cut(t, stop_strings) for t in texts]
+            for j in range(0, len(texts), num_return_sequences):
+                out.append(texts[j:j + num_return_sequences])
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
+
+
+def _cut(text: str, stops: list[str]) -> str:
+    """``text`` up to the first stop string."""
+    cut = min((text.find(s) for s in stops if s in text), default=len(text))
+    return text[:cut]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021): P(at least one of k draws from n samples, c correct, is correct).
+
+    ``1 - C(n-c, k) / C(n, k)``; requires ``k <= n``.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def evaluate(model, tokenizer, problems: list[dict], *, fmt: str = "chat", n: int = 1,
+             temperature: float = 0.0, ks: tuple[int, ...] | None = None, max_new_tokens: int = 128,
+             batch_size: int = 64, system: str | None = None, progress: bool = True,
+             desc: str | None = None) -> dict:
+    """Accuracy, format compliance and pass@k of ``model`` on held-out ``problems``.
+
+    ``temperature=0`` means greedy decoding (then ``n`` must be 1). With n samples per
+    problem, ``accuracy`` and ``format_compliance`` average over all samples (so
+    accuracy estimates pass@1) and ``pass@k`` uses the unbiased estimator.
+
+    Returns a dict: ``accuracy``, ``format_compliance``, ``pass@k`` for each k in
+    ``ks`` (default: 1 and n), ``accuracy_by_difficulty`` (when problems carry a
+    ``difficulty`` field), ``n_correct`` (per problem) and ``completions``.
+    """
+    greedy = temperature == 0
+    if greedy and n != 1:
+        raise ValueError("greedy decoding (temperature=0) gives one completion per problem; use n=1")
+    prompts = format_prompts(tokenizer, problems, fmt, system)
+    stops = [data.DOC_SEPARATOR] if fmt == "plain" else None
+    comps = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, do_sample=not greedy,
+                     temperature=temperature if not greedy else 1.0, num_return_sequences=n,
+                     batch_size=batch_size, stop_strings=stops, progress=progress,
+                     desc=desc or f"eval {fmt} n={n}")
+    answers = [p["answer"] for p in problems]
+    correct = [[rewards.answers_match(rewards.extract_answer(c), rewards.extract_answer(a)) for c in cs]
+               for cs, a in zip(comps, answers)]
+    formatted = [[rewards.is_well_formatted(c) for c in cs] for cs in comps]
+    n_correct = [sum(c) for c in correct]
+    res = {
+        "accuracy": sum(n_correct) / (len(problems) * n),
+        "format_compliance": sum(map(sum, formatted)) / (len(problems) * n),
+        "n_correct": n_correct,
+        "completions": comps,
+    }
+    for k in sorted(set(ks or (1, n))):
+        res[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in n_correct) / len(problems)
+    if problems and all("difficulty" in p for p in problems):
+        by = {}
+        for p, c in zip(problems, n_correct):
+            by.setdefault(p["difficulty"], []).append(c / n)
+        res["accuracy_by_difficulty"] = {d: sum(v) / len(v) for d, v in sorted(by.items())}
+    return res

@@ -1,0 +1,419 @@
+"""Presets: which model, data and sizes each lesson uses on each kind of machine.
+
+A preset is named by the hardware it targets (see CONVENTIONS.md, section 4):
+
+* ``tiny``   -- CPU, the embedded model in ``utils/assets/tiny-qwen``, synthetic data,
+               no network. What CI, nbval and the grader run.
+* ``t4-16g`` -- Colab's T4 (16 GB, no bf16): Qwen2.5-0.5B-Instruct, fp16, LoRA.
+* ``24g``    -- RTX 4090 / 3090 (24 GB, e.g. AutoDL): Qwen3-1.7B-Base, bf16, LoRA.
+* ``80g``    -- A100 / H100 80 GB: Qwen3-4B-Base, bf16, LoRA.
+
+Each preset holds one dict per lesson (``"01"`` .. ``"06"``); a lesson adds its own
+entry to every preset and lists its keys in :data:`LESSON_KEYS`. A notebook calls::
+
+    cfg = presets.resolve(PRESET, lesson="01", max_steps=MAX_STEPS, ...)  # None = preset decides
+    cfg.show()
+    cfg.max_steps, cfg.dtype, cfg.device
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import runtime
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-qwen"
+TINY_MODEL_LABEL = "tiny-qwen (embedded)"
+
+# Keys every preset must define for a lesson (tests check this; add a line per new lesson).
+LESSON_KEYS: dict[str, tuple[str, ...]] = {
+    "01": ("model", "dataset", "n_train", "n_test", "difficulty", "max_length", "max_new_tokens",
+           "batch_size", "grad_accum", "learning_rate", "max_steps", "warmup_ratio", "full_finetune",
+           "lora_learning_rate", "lora_r",
+           "lora_alpha", "lora_dropout", "lora_target_modules", "eval_batch_size",
+           "gradient_checkpointing", "save_steps", "logging_steps"),
+}
+
+# Overrides accepted by resolve() for every lesson, besides the lesson's own keys.
+COMMON_KEYS = ("seed",)
+
+# All linear layers of a Qwen2/Qwen3 decoder block (attention and MLP).
+QWEN_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+GSM8K = "openai/gsm8k"   # 7,473 train / 1,319 test problems (config "main")
+
+PRESETS: dict[str, dict] = {
+    "tiny": {
+        "description": "CPU, embedded tiny Qwen3 model, synthetic arithmetic problems; no network",
+        "needs_gpu": False,
+        "min_gpu_gb": 0.0,
+        "bf16": None,
+        "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
+        "measured": "unmeasured (placeholder sizes; target: whole lesson well under 2 min on 2 CPU cores)",
+        "lessons": {
+            "01": {
+                "model": str(TINY_MODEL_DIR),
+                "dataset": "synthetic",
+                "n_train": 2000,
+                "n_test": 200,
+                "difficulty": "mixed",
+                "max_length": 160,
+                "max_new_tokens": 96,
+                "batch_size": 32,
+                "grad_accum": 1,
+                "learning_rate": 3e-3,
+                "full_finetune": True,      # 1.7 M parameters: train every weight
+                "lora_learning_rate": 1e-2,  # adapters start at zero: larger steps
+                "max_steps": 60,
+                "warmup_ratio": 0.05,
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.0,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 100,
+                "gradient_checkpointing": False,
+                "save_steps": 0,          # 0 = no checkpoints
+                "logging_steps": 10,
+            },
+        },
+    },
+    "t4-16g": {
+        "description": "Colab T4 16 GB (no bf16): Qwen2.5-0.5B-Instruct, fp16, LoRA, GSM8K",
+        "needs_gpu": True,
+        "min_gpu_gb": 14.0,       # torch reports a T4 as ~14.7 GiB
+        "bf16": False,            # fp16 mixed precision
+        "measured": "unmeasured",
+        "lessons": {
+            "01": {
+                "model": "Qwen/Qwen2.5-0.5B-Instruct",
+                "dataset": GSM8K,
+                "n_train": 7473,
+                "n_test": 500,            # generation on a T4 is slow; 500 keeps evaluation to minutes
+                "difficulty": "mixed",    # unused for GSM8K
+                "max_length": 512,        # GSM8K prompt + worked answer fits in ~350 tokens
+                "max_new_tokens": 256,
+                "batch_size": 8,
+                "grad_accum": 4,          # effective batch 32
+                "learning_rate": 2e-4,
+                "full_finetune": False,     # fp32 AdamW needs ~16 B/parameter: LoRA instead
+                "lora_learning_rate": 2e-4,
+                "max_steps": 500,         # ~2 epochs of GSM8K train
+                "warmup_ratio": 0.03,
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.05,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 32,
+                "gradient_checkpointing": True,
+                "save_steps": 100,        # Colab sessions drop: checkpoint often, resume with resume=True
+                "logging_steps": 10,
+            },
+        },
+    },
+    "24g": {
+        "description": "RTX 4090 / 3090 24 GB: Qwen3-1.7B-Base, bf16, LoRA, GSM8K",
+        "needs_gpu": True,
+        "min_gpu_gb": 20.0,
+        "bf16": True,
+        "measured": "unmeasured",
+        "lessons": {
+            "01": {
+                "model": "Qwen/Qwen3-1.7B-Base",
+                "dataset": GSM8K,
+                "n_train": 7473,
+                "n_test": 1319,           # the full GSM8K test split
+                "difficulty": "mixed",
+                "max_length": 512,
+                "max_new_tokens": 256,
+                "batch_size": 16,
+                "grad_accum": 2,          # effective batch 32
+                "learning_rate": 2e-4,
+                "full_finetune": False,     # fp32 AdamW needs ~16 B/parameter: LoRA instead
+                "lora_learning_rate": 2e-4,
+                "max_steps": 500,
+                "warmup_ratio": 0.03,
+                "lora_r": 32,
+                "lora_alpha": 64,
+                "lora_dropout": 0.05,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 64,
+                "gradient_checkpointing": True,
+                "save_steps": 100,
+                "logging_steps": 10,
+            },
+        },
+    },
+    # 80g: Qwen3-4B-Base with LoRA rather than a full fine-tune of Qwen3-1.7B-Base. LoRA keeps
+    # the one code path every other preset uses (same notebook, only sizes change), and the
+    # larger base model shows what scale buys on GSM8K; a full fine-tune would need its own
+    # code path and optimizer-state memory while teaching nothing new in lesson 01.
+    "80g": {
+        "description": "A100 / H100 80 GB: Qwen3-4B-Base, bf16, LoRA, GSM8K",
+        "needs_gpu": True,
+        "min_gpu_gb": 70.0,
+        "bf16": True,
+        "measured": "unmeasured",
+        "lessons": {
+            "01": {
+                "model": "Qwen/Qwen3-4B-Base",
+                "dataset": GSM8K,
+                "n_train": 7473,
+                "n_test": 1319,
+                "difficulty": "mixed",
+                "max_length": 512,
+                "max_new_tokens": 256,
+                "batch_size": 16,
+                "grad_accum": 2,          # effective batch 32
+                "learning_rate": 1e-4,
+                "full_finetune": False,     # fp32 AdamW needs ~16 B/parameter: LoRA instead
+                "lora_learning_rate": 1e-4,
+                "max_steps": 500,
+                "warmup_ratio": 0.03,
+                "lora_r": 32,
+                "lora_alpha": 64,
+                "lora_dropout": 0.05,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 64,
+                "gradient_checkpointing": False,  # memory to spare: trade it for speed
+                "save_steps": 250,
+                "logging_steps": 10,
+            },
+        },
+    },
+}
+
+# Keys shown by LessonConfig.table() after preset/model/device/dtype, when the lesson has them.
+TABLE_KEYS = ("dataset", "n_train", "n_test", "max_length", "batch_size", "max_steps", "lora_r")
+
+
+# ----------------------------------------------------------------------------- resolved config
+@dataclass
+class LessonConfig:
+    """A resolved preset for one lesson: attribute access to every lesson key (``cfg.max_steps``).
+
+    Fields: ``preset``, ``lesson``, ``device`` ("cuda"/"cpu"), ``dtype`` (torch dtype),
+    ``model_label`` (for display, never a machine path), ``seed`` and ``params`` (the lesson keys).
+    """
+
+    preset: str
+    lesson: str
+    device: str
+    dtype: torch.dtype
+    model_label: str
+    params: dict = field(default_factory=dict)
+    seed: int = 0
+
+    def __getattr__(self, name):
+        params = self.__dict__.get("params")
+        if params is not None and name in params:
+            return params[name]
+        raise AttributeError(f"LessonConfig has no {name!r}; lesson {self.__dict__.get('lesson')} keys: "
+                             f"{sorted(params or {})}")
+
+    def __getitem__(self, key):
+        return self.params[key]
+
+    def to_dict(self) -> dict:
+        """Plain JSON-friendly values; dtype as "bf16"/"fp16"/"fp32", repo paths made relative."""
+        params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.params.items()}
+        if "model" in params:
+            params["model"] = _portable_path(params["model"])
+        return {"preset": self.preset, "lesson": self.lesson, "device": self.device,
+                "dtype": runtime.dtype_name(self.dtype), "model_label": self.model_label,
+                "seed": self.seed, **params}
+
+    def table(self) -> str:
+        """A short aligned two-column table: preset, model, device, dtype and the key sizes."""
+        rows = [("preset", self.preset), ("model", self.model_label), ("device", self.device),
+                ("dtype", runtime.dtype_name(self.dtype))]
+        rows += [(k, self.params[k]) for k in TABLE_KEYS if k in self.params]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def show(self) -> None:
+        """Print :meth:`table`."""
+        print(self.table())
+
+
+def _portable_path(value: str) -> str:
+    """A path inside the repo as a relative POSIX path; anything else unchanged."""
+    try:
+        return Path(value).resolve().relative_to(REPO_ROOT).as_posix()
+    except (ValueError, OSError):
+        return value
+
+
+def _model_label(model: str) -> str:
+    """Display name of a model: hub ids as they are, the embedded model and local dirs by name."""
+    path = Path(model)
+    if path.is_absolute() or path.is_dir():
+        if path.resolve() == TINY_MODEL_DIR:
+            return TINY_MODEL_LABEL
+        return f"{path.name} (local)"
+    return model
+
+
+# ----------------------------------------------------------------------------- hub / cache checks
+def _is_local(value) -> bool:
+    return isinstance(value, (str, os.PathLike)) and Path(value).exists()
+
+
+def _hf_home() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    return Path(os.environ.get("HF_HOME", default)).expanduser()
+
+
+def _in_local_cache(repo_id: str, repo_type: str) -> bool:
+    """Whether a Hub repo was downloaded before (a snapshot in the hub cache, or a datasets cache dir)."""
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+                     or _hf_home() / "hub").expanduser()
+    snapshots = hub_cache / f"{repo_type}s--{repo_id.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        return True
+    if repo_type == "dataset":
+        ds_cache = Path(os.environ.get("HF_DATASETS_CACHE") or _hf_home() / "datasets").expanduser()
+        return (ds_cache / repo_id.replace("/", "___")).is_dir()
+    return False
+
+
+def _hub_downloads(params: dict) -> list[str]:
+    """Hub repos this lesson would still have to download (not local paths, not cached)."""
+    needed = []
+    model = params.get("model")
+    if model and not _is_local(model) and not _in_local_cache(str(model), "model"):
+        needed.append(f"model {model}")
+    dataset = params.get("dataset")
+    if dataset and dataset != "synthetic" and not _is_local(dataset) and not _in_local_cache(str(dataset), "dataset"):
+        needed.append(f"dataset {dataset}")
+    return needed
+
+
+def _hub_error(name: str, needed: list[str]) -> RuntimeError:
+    offline = " (HF_HUB_OFFLINE is set)" if runtime.hub_offline() else ""
+    return RuntimeError(
+        f"Preset {name!r} needs the {' and the '.join(needed)} from the Hugging Face Hub, but "
+        f"{runtime.hub_endpoint()} is unreachable{offline}. Options: set "
+        f"HF_ENDPOINT={runtime.DEFAULT_MIRROR} before importing transformers (AutoDL / China), or call "
+        "utils.runtime.use_hf_mirror(force=True) in the setup cell; download them beforehand "
+        "(they are then found in the cache, or pass model=<local dir>); or use PRESET='tiny'.")
+
+
+# ----------------------------------------------------------------------------- GPU checks
+def _gpu_presets() -> list[str]:
+    """GPU presets, largest memory first."""
+    return sorted((n for n, p in PRESETS.items() if p["needs_gpu"]), key=lambda n: -PRESETS[n]["min_gpu_gb"])
+
+
+def _fitting_preset(info: dict, lesson: str | None = None) -> str:
+    """The largest GPU preset this GPU can run (memory and bf16), else ``"tiny"``."""
+    for name in _gpu_presets():
+        spec = PRESETS[name]
+        if lesson is not None and lesson not in spec["lessons"]:
+            continue
+        if info["total_gb"] >= spec["min_gpu_gb"] and (not spec["bf16"] or info["bf16"]):
+            return name
+    return "tiny"
+
+
+def _check_gpu(name: str, spec: dict) -> None:
+    """Raise RuntimeError if this machine cannot run the GPU preset ``name``."""
+    info = runtime.gpu_info()
+    if info is None:
+        raise RuntimeError(f"Preset {name!r} needs a CUDA GPU, but torch found none (this run is on the CPU). "
+                           "Use PRESET='tiny' (CPU, embedded model) or PRESET='auto'.")
+    if info["total_gb"] < spec["min_gpu_gb"]:
+        raise RuntimeError(f"Preset {name!r} needs at least {spec['min_gpu_gb']:g} GB of GPU memory, but "
+                           f"{info['name']} has {info['total_gb']:g} GB. Use PRESET="
+                           f"{_fitting_preset(info)!r} (or 'auto').")
+    if spec["bf16"]:
+        try:
+            runtime.check_dtype(torch.bfloat16, "cuda")
+        except ValueError as err:
+            raise RuntimeError(f"Preset {name!r} trains in bf16: {err}") from None
+
+
+def _preset_dtype(spec: dict, dev: str) -> torch.dtype:
+    """The preset's explicit dtype, else bf16/fp16 as its ``bf16`` flag says, else the runtime policy."""
+    if spec.get("dtype"):
+        return runtime.as_dtype(spec["dtype"])
+    if spec["bf16"] is True:
+        return torch.bfloat16
+    if spec["bf16"] is False and dev == "cuda":
+        return torch.float16
+    return runtime.dtype_policy(dev)
+
+
+# ----------------------------------------------------------------------------- resolve
+def _lesson_id(lesson) -> str:
+    """``1`` or ``"1"`` or ``"01"`` -> ``"01"``."""
+    text = str(lesson).strip()
+    return f"{int(text):02d}" if text.isdigit() else text
+
+
+def _auto(lesson: str, overrides: dict) -> str:
+    """Pick a preset from the hardware and the Hub's reachability, printing why when it falls back."""
+    info = runtime.gpu_info()
+    if info is None:
+        return "tiny"
+    name = _fitting_preset(info, lesson)
+    if name == "tiny":
+        print(f"[presets] auto: {info['name']} ({info['total_gb']:g} GB) is too small for the GPU presets "
+              "of this lesson; using 'tiny'.")
+        return name
+    needed = _hub_downloads({**PRESETS[name]["lessons"][lesson], **overrides})
+    if needed and not runtime.hub_reachable():
+        print(f"[presets] auto: the Hugging Face Hub ({runtime.hub_endpoint()}) is unreachable, so preset "
+              f"{name!r} cannot download its model/data; using 'tiny' (set HF_ENDPOINT={runtime.DEFAULT_MIRROR} "
+              "for the mirror).")
+        return "tiny"
+    return name
+
+
+def resolve(preset: str = "auto", lesson: str = "01", **overrides) -> LessonConfig:
+    """Resolve a preset for a lesson, check this machine can run it, and apply overrides.
+
+    Args:
+        preset: ``"auto"`` (choose by GPU memory, bf16 support and Hub reachability) or a
+            name in :data:`PRESETS`.
+        lesson: ``"01"`` .. ``"06"`` (an int works too).
+        **overrides: lesson keys (e.g. ``max_steps=20``) or ``seed``; ``None`` values are
+            ignored (notebook parameters default to None = "the preset decides").
+            ``model=<local dir>`` loads a model without the Hub.
+    Raises:
+        ValueError: unknown preset, lesson or override key.
+        RuntimeError: the preset needs hardware (or the Hub) this machine does not have.
+    """
+    name = str(preset).strip().lower()
+    if name != "auto" and name not in PRESETS:
+        raise ValueError(f"Unknown preset {preset!r}; choose one of {['auto', *PRESETS]}.")
+    lesson = _lesson_id(lesson)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    seed = int(overrides.pop("seed", 0))
+
+    if name == "auto":
+        if not any(lesson in p["lessons"] for p in PRESETS.values()):
+            raise ValueError(f"No preset defines lesson {lesson!r}; defined: "
+                             f"{sorted({les for p in PRESETS.values() for les in p['lessons']})}.")
+        name = _auto(lesson, overrides)
+    spec = PRESETS[name]
+    if lesson not in spec["lessons"]:
+        raise ValueError(f"Preset {name!r} does not define lesson {lesson!r}; it defines {sorted(spec['lessons'])}.")
+    params = {k: list(v) if isinstance(v, list) else v for k, v in spec["lessons"][lesson].items()}
+    unknown = sorted(set(overrides) - set(params))
+    if unknown:
+        raise ValueError(f"Unknown override(s) {unknown} for lesson {lesson}; valid keys: "
+                         f"{sorted(params) + list(COMMON_KEYS)}.")
+    params.update(overrides)
+
+    dev = runtime.device()
+    if spec["needs_gpu"]:
+        _check_gpu(name, spec)
+        needed = _hub_downloads(params)
+        if needed and not runtime.hub_reachable():
+            raise _hub_error(name, needed)
+    return LessonConfig(preset=name, lesson=lesson, device=dev, dtype=_preset_dtype(spec, dev),
+                        model_label=_model_label(str(params.get("model", ""))), params=params, seed=seed)

@@ -1,0 +1,175 @@
+"""Record the numbers a lesson claims, and read them back from an executed notebook.
+
+A lesson ends with a results cell that calls ``record("<lesson>/<metric>", value)``
+for every number it claims. Inside Jupyter each call emits a display output with
+its own MIME type, so the value is stored *in the executed notebook* as JSON; tests,
+the runner's summary and the grader then call ``read_records(path)`` instead of
+scraping printed text.
+
+This module deliberately imports neither torch nor numpy: values such as numpy
+scalars and 0-d tensors are converted by duck typing (they have ``.item()``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+RECORD_MIME = "application/vnd.posttraining.record+json"
+KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.@/-]+$")
+
+# Everything recorded in this process, key -> plain JSON value (scripts can read it).
+RECORDS: dict[str, object] = {}
+
+
+# ----------------------------------------------------------------------------- conversion
+def _to_json(value, key: str, allow_item: bool = True):
+    """Convert ``value`` to plain JSON types (None, bool, int, float, str, list, dict).
+
+    Raises ValueError for NaN/inf and TypeError for anything that has no JSON form.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(
+                f"record({key!r}): value is {value!r}, which JSON cannot hold. "
+                f"If the metric is undefined here, record None instead."
+            )
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v, key) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(
+                    f"record({key!r}): dict keys must be str (JSON objects), got {type(k).__name__} key {k!r}"
+                )
+            out[k] = _to_json(v, key)
+        return out
+    item = getattr(value, "item", None)
+    if allow_item and callable(item):  # numpy scalars, 0-d arrays, 0-d / 1-element tensors
+        try:
+            plain = item()
+        except (ValueError, RuntimeError) as e:  # arrays / tensors with more than one element
+            raise TypeError(
+                f"record({key!r}): cannot record a {type(value).__name__} with more than one "
+                f"element; convert it with .tolist() or record a scalar"
+            ) from e
+        return _to_json(plain, key, allow_item=False)
+    raise TypeError(
+        f"record({key!r}): cannot record a value of type {type(value).__name__}; "
+        f"use None, bool, int, float, str, or lists/dicts of those"
+    )
+
+
+def _show(value) -> str:
+    """Short human-readable form of a plain JSON value (floats to at most 4 decimals)."""
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e16:
+            return repr(value)
+        if abs(value) >= 1e16 or abs(value) < 1e-4:
+            return f"{value:.4g}"
+        text = f"{value:.4f}" if abs(value) >= 1 else f"{value:.4g}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_show(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- writing
+def _in_ipython() -> bool:
+    """True inside an IPython kernel or shell (IPython is imported lazily and is optional)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def record(key: str, value) -> None:
+    """Record ``value`` under ``key`` (e.g. ``"grpo/heldout_accuracy_after"``).
+
+    The value is converted to plain JSON (numpy / torch scalars via ``.item()``,
+    tuples to lists), stored in ``RECORDS``, and, inside an IPython kernel, emitted as
+    a display output of type ``RECORD_MIME`` so that it is saved in the notebook.
+    Outside IPython the same one-line summary is printed.
+
+    Raises ValueError for a malformed key or a NaN/inf value (record None when a
+    metric is undefined), TypeError for a value that has no JSON form.
+    """
+    if not isinstance(key, str) or not KEY_RE.match(key):
+        raise ValueError(
+            f"record: invalid key {key!r}. Keys look like '<lesson>/<metric>', e.g. "
+            f"'grpo/heldout_accuracy_after': letters, digits, '_', '.', '-' before the first '/', "
+            f"and letters, digits, '_', '.', '@', '/', '-' after it (no spaces)."
+        )
+    value = _to_json(value, key)
+    RECORDS[key] = value
+    text = f"[record] {key} = {_show(value)}"
+
+    if _in_ipython():
+        from IPython.display import display
+
+        display({RECORD_MIME: {"key": key, "value": value}, "text/plain": text}, raw=True)
+    else:
+        print(text)
+
+
+# ----------------------------------------------------------------------------- reading
+def _load_notebook(path) -> tuple[dict, str]:
+    """Return (notebook dict, name for messages) from a path or an already-loaded dict."""
+    if isinstance(path, dict):
+        return path, "<notebook dict>"
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"read_records: no such notebook file: {path}")
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"read_records: {path} is not a valid notebook (not JSON: {e})") from e
+    return nb, str(path)
+
+
+def read_records(path) -> dict:
+    """Read the records of an executed notebook: ``{key: value}`` in order of appearance.
+
+    ``path`` is a ``.ipynb`` path (str or Path) or an already-loaded notebook dict
+    (e.g. an nbformat node). A key recorded twice keeps the later value. A notebook
+    without records gives ``{}``. Raises FileNotFoundError for a missing file and
+    ValueError for a file that is not a (v4) notebook or holds a malformed record.
+    """
+    nb, name = _load_notebook(path)
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError(f"read_records: {name} is not a valid notebook (no 'cells' list; nbformat v4 expected)")
+
+    records = {}
+    for i, cell in enumerate(cells):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        for out in cell.get("outputs") or []:
+            if not isinstance(out, dict) or out.get("output_type") not in ("display_data", "execute_result"):
+                continue
+            data = out.get("data")
+            if not isinstance(data, dict) or RECORD_MIME not in data:
+                continue
+            payload = data[RECORD_MIME]
+            if isinstance(payload, str):  # some tools store JSON MIME data as a string
+                try:
+                    payload = json.loads(payload)
+                except json.JSONDecodeError:
+                    payload = None
+            if not isinstance(payload, dict) or not isinstance(payload.get("key"), str) or "value" not in payload:
+                raise ValueError(f"read_records: {name}: malformed record in cell {i}: {payload!r}")
+            records[payload["key"]] = payload["value"]
+    return records

@@ -1,0 +1,161 @@
+"""Supervised fine-tuning pieces shared by the lessons (reference implementations).
+
+Lesson 01 writes :func:`tokenize_sft_example` and :func:`collate` from scratch as
+exercises; later lessons (DPO, GRPO, quantization) start from an SFT model and
+get it from :func:`train_sft` instead of copying lesson 01's code.
+
+Loss masking convention (the same as TRL's ``assistant_only_loss`` with a chat
+template that marks the assistant turn): the loss covers the assistant's content
+and the ``<|im_end|>`` that closes it -- the model must learn to *stop* -- and
+nothing else: no system/user tokens, no ``<|im_start|>assistant\\n`` header, no
+padding.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+IGNORE_INDEX = -100  # positions with this label are skipped by torch.nn.functional.cross_entropy
+
+
+def tokenize_sft_example(tokenizer, messages: list[dict], max_length: int) -> dict:
+    """Token ids and labels for one conversation whose last message is the assistant's.
+
+    Args:
+        tokenizer: a tokenizer with a chat template.
+        messages: ``[..., {"role": "assistant", "content": ...}]``.
+        max_length: truncate to at most this many tokens.
+    Returns:
+        ``{"input_ids": list[int], "labels": list[int]}`` of equal length L <= max_length;
+        ``labels[i] == IGNORE_INDEX`` on prompt positions, ``input_ids[i]`` on the
+        assistant's content and its closing ``<|im_end|>``.
+    """
+    prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)
+    full = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+    if full[:len(prompt)] != prompt:
+        raise ValueError("the chat template renders the prompt differently with and without the answer; "
+                         "cannot locate the assistant turn")
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    last_end = max(i for i, t in enumerate(full) if t == end)  # closes the assistant turn
+    input_ids = full[:last_end + 1][:max_length]
+    labels = ([IGNORE_INDEX] * len(prompt) + input_ids[len(prompt):])[:len(input_ids)]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def collate(examples: list[dict], pad_token_id: int) -> dict:
+    """Right-pad a list of tokenized examples into a batch.
+
+    Args:
+        examples: dicts with ``input_ids`` and ``labels`` (lists of ints, per-example length L_i).
+        pad_token_id: id used to pad ``input_ids``.
+    Returns:
+        ``input_ids`` (B, T) int64 padded with ``pad_token_id``, ``labels`` (B, T) int64
+        padded with ``IGNORE_INDEX``, ``attention_mask`` (B, T) int64 (1 = real token),
+        where T = max L_i.
+    """
+    T = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), T), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(examples), T), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n] = torch.tensor(e["input_ids"])
+        labels[i, :n] = torch.tensor(e["labels"])
+        mask[i, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def completion_loss(model, examples: list[dict], pad_token_id: int, batch_size: int = 8) -> float:
+    """Mean cross-entropy per labelled token over ``examples`` (tokenized as above), without gradients.
+
+    Batches are weighted by their number of labelled tokens, so the result does not
+    depend on ``batch_size``.
+    """
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            batch = {k: v.to(device) for k, v in collate(examples[i:i + batch_size], pad_token_id).items()}
+            n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+            total += model(**batch).loss.item() * n
+            count += n
+    return total / max(count, 1)
+
+
+def with_lora(model, cfg):
+    """Wrap ``model`` with the preset's LoRA adapters (PEFT); only the adapters are trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    if cfg.gradient_checkpointing:  # checkpointed blocks need an input that requires grad
+        model.enable_input_require_grads()
+    return get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                            target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM"))
+
+
+def quiet(trainer):
+    """Keep a plain tqdm progress bar (off when ``TQDM_DISABLE=1``) but stop ``Trainer`` printing
+    every log dict or a live HTML table (the curves are in ``trainer.state.log_history``).
+    Returns the trainer."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    class BarOnly(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            pass
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(NotebookProgressCallback)
+    trainer.add_callback(BarOnly)
+    return trainer
+
+
+def training_arguments(cfg, output_dir: str | Path, **overrides):
+    """``transformers.TrainingArguments`` for a resolved preset (``utils.presets.resolve``)."""
+    from transformers import TrainingArguments
+
+    save = cfg.save_steps and cfg.save_steps > 0
+    kw = dict(
+        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
+        warmup_steps=round(cfg.warmup_ratio * cfg.max_steps), lr_scheduler_type="cosine", weight_decay=0.0,
+        logging_steps=cfg.logging_steps, save_strategy="steps" if save else "no",
+        save_steps=cfg.save_steps if save else 500, save_total_limit=2,
+        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16,
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
+        report_to="none", seed=cfg.seed, remove_unused_columns=False, dataloader_num_workers=0,
+        dataloader_pin_memory=cfg.device == "cuda",
+    )
+    kw.update(overrides)
+    return TrainingArguments(**kw)
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` folder under ``output_dir`` (for resuming), or None."""
+    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    return str(ckpts[-1]) if ckpts else None
+
+
+def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Path, resume: bool = False,
+              **overrides):
+    """Chat-format SFT with ``transformers.Trainer`` and the loss mask above.
+
+    Trains all weights when the preset says ``full_finetune``, else LoRA adapters.
+    Returns the trainer (``trainer.model`` is trained; ``trainer.state.log_history``
+    holds the curves). With ``resume=True`` it continues from the newest checkpoint
+    in ``output_dir`` when there is one.
+    """
+    from transformers import Trainer
+
+    from . import data
+
+    if not cfg.full_finetune:
+        model = with_lora(model, cfg)
+        overrides.setdefault("learning_rate", cfg.lora_learning_rate)
+    train = [tokenize_sft_example(tokenizer, data.to_messages(p), cfg.max_length) for p in problems]
+    trainer = quiet(Trainer(model=model, args=training_arguments(cfg, output_dir, **overrides), train_dataset=train,
+                            data_collator=lambda b: collate(b, tokenizer.pad_token_id)))
+    trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
+    return trainer
