@@ -20,7 +20,7 @@ help:
 	@echo "make setup      create $(VENV) and install the pinned requirements"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
 	@echo "make bench      benchmark report (wall time, peak memory, metrics) in bench/"
-	@echo "make tiny-model rebuild the embedded tiny model (about 10 minutes on 2 cores)"
+	@echo "make tiny-model rebuild the embedded tiny model (about 8 minutes on 2 cores)"
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -59,11 +59,12 @@ def test_pack_documents_rows_start_at_boundaries():
     assert rows.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
 
 
-def test_lr_schedule():
-    r = dict(tiny.RECIPE, steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
+def test_lr_schedule_warmup_then_inverse_sqrt_independent_of_total_steps():
+    r = dict(tiny.RECIPE, steps=100, warmup=10, lr=1.0)
     assert tiny.lr_at(0, r) == pytest.approx(0.1)
-    assert tiny.lr_at(10, r) == pytest.approx(1.0)
-    assert tiny.lr_at(100, r) == pytest.approx(0.1)
+    assert tiny.lr_at(9, r) == pytest.approx(1.0)
+    assert tiny.lr_at(39, r) == pytest.approx(0.5)
+    assert tiny.lr_at(39, dict(r, steps=5000)) == tiny.lr_at(39, r)
 
 
 def test_build_is_deterministic(tmp_path):

@@ -53,7 +53,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "unmeasured (placeholder sizes; target: whole lesson well under 2 min on 2 CPU cores)",
+        "measured": "lesson 01: 98 s in the kernel (1 min 45 s with start-up) on 2 CPU cores",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
