@@ -69,7 +69,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01'\]"):
+    with pytest.raises(ValueError, match=r"\['01', '02'"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 
@@ -175,11 +175,12 @@ def test_unknown_override_rejected():
     assert "max_stepz" in str(err.value) and "max_steps" in str(err.value)
 
 
-def test_every_preset_defines_every_lesson01_key():
-    keys = set(presets.LESSON_KEYS["01"])
+@pytest.mark.parametrize("lesson_id", sorted(presets.LESSON_KEYS))
+def test_every_preset_defines_every_lesson_key(lesson_id):
+    keys = set(presets.LESSON_KEYS[lesson_id])
     for name, spec in presets.PRESETS.items():
         assert {"description", "needs_gpu", "min_gpu_gb", "bf16", "measured", "lessons"} <= set(spec), name
-        lesson = spec["lessons"]["01"]
+        lesson = spec["lessons"][lesson_id]
         assert set(lesson) == keys, (name, keys ^ set(lesson))
         assert lesson["dataset"] == ("synthetic" if name == "tiny" else "openai/gsm8k")
         assert lesson["difficulty"] in (1, 2, 3, "mixed")

@@ -13,7 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from utils.records import read_records
-from utils.run import clean_for_commit, find_lessons, main
+from utils.run import INLINE_BACKEND, clean_for_commit, find_lessons, main
 
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -40,7 +40,10 @@ record("99/resume", RESUME)
 record("99/output_dir", OUTPUT_DIR)
 record("99/cwd", os.getcwd())
 record("99/mplbackend", os.environ.get("MPLBACKEND"))
-record("99/tqdm_disable", os.environ.get("TQDM_DISABLE"))"""
+record("99/tqdm_disable", os.environ.get("TQDM_DISABLE"))
+import matplotlib.pyplot as plt
+plt.plot([0, 1], [1, 0]); plt.title("a figure")
+plt.show()"""
 
 FAIL_BODY = 'print("about to fail")\nraise ValueError("the fake lesson is broken")'
 
@@ -107,9 +110,12 @@ def test_records_parameters_and_environment(full_run):
     assert rec["99/resume"] is True  # --resume reaches a lesson that declares RESUME ...
     assert Path(rec["99/output_dir"]) == (out / "02_fine").resolve() and (out / "02_fine").is_dir()
     assert Path(rec["99/cwd"]) == full_run["nb_dir"].resolve()
-    assert rec["99/mplbackend"] == "Agg"
+    assert rec["99/mplbackend"] == INLINE_BACKEND
     assert rec["99/tqdm_disable"] == os.environ.get("TQDM_DISABLE", "1")
     assert fine["wall_s"] > 0
+    # figures are embedded in the executed notebook
+    fine_nb = nbformat.read(out / "02_fine.ipynb", as_version=4)
+    assert any("image/png" in o.get("data", {}) for c in fine_nb.cells for o in c.get("outputs", []))
     # ... and the lesson without RESUME ran without it (papermill would have injected it otherwise)
     boom_nb = nbformat.read(out / "01_boom.ipynb", as_version=4)
     assert "RESUME" not in "".join(c.source for c in boom_nb.cells)

@@ -252,3 +252,15 @@ def test_peak_memory_and_describe(monkeypatch):
             "cpu_count"} <= set(info)
     assert info["device"] == "cpu" and info["dtype"] == "fp32"
     json.dumps(info)
+
+
+def test_reset_peak_memory_starts_a_new_window(monkeypatch):
+    no_gpu(monkeypatch)
+    big = bytearray(300 * 2**20)           # +300 MB resident
+    big[::4096] = b"x" * len(big[::4096])  # touch every page
+    high = runtime.peak_memory_mb()["process_rss_peak_mb"]
+    del big
+    if not runtime.reset_peak_memory():
+        pytest.skip("this OS keeps only a lifetime peak")
+    low = runtime.peak_memory_mb()["process_rss_peak_mb"]
+    assert low < high - 200, (low, high)

@@ -74,3 +74,42 @@ def test_train_sft_few_steps_lowers_loss(tmp_path):
     trainer = sft.train_sft(model, tok, data.make_problems(64, "train", seed=2), cfg, tmp_path)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def test_sft_config_keeps_the_presets_precision(tmp_path, recwarn):
+    """SFTConfig alone would turn on bf16 and gradient checkpointing; the preset's choices win."""
+    cfg = presets.resolve("tiny", "02")
+    args = sft.sft_config(cfg, tmp_path, packing=True)
+    assert not args.bf16 and not args.fp16 and args.use_cpu
+    assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+    assert args.packing and args.max_length == cfg.max_length and args.max_steps == cfg.max_steps
+    assert not [w for w in recwarn if "deprecated" in str(w.message)], [str(w.message) for w in recwarn]
+
+
+def test_token_counter_counts_padding():
+    counter = sft.TokenCounter(lambda b: sft.collate(b, pad_token_id=0))
+    counter([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4], "labels": [4]}])
+    assert (counter.tokens, counter.positions) == (4, 6)
+    assert counter.padding_fraction == pytest.approx(2 / 6)
+    assert sft.TokenCounter(None).padding_fraction == 0.0
+    with pytest.raises(ValueError, match="callback"):
+        counter.tokens_per_s
+
+
+def test_token_counter_times_steps_after_the_first(tmp_path):
+    """tokens/s counts the batches of steps 2..N over the time between the end of step 1 and of step N."""
+    cfg = presets.resolve("tiny", "02", max_steps=4, logging_steps=100)
+    model, tok = tiny.load()
+    exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 160) for p in data.make_problems(40, "train")]
+    from transformers import Trainer
+    trainer = sft.quiet(Trainer(model=model, args=sft.training_arguments(cfg, tmp_path, per_device_train_batch_size=4,
+                                                                         gradient_accumulation_steps=2),
+                                train_dataset=exs, data_collator=lambda b: sft.collate(b, tok.pad_token_id)))
+    counter = trainer.data_collator = sft.TokenCounter(trainer.data_collator)
+    trainer.add_callback(counter.callback)
+    trainer.train()
+    assert len(counter.step_ends) == 4 and counter.grad_accum == 2
+    assert len(counter.batch_tokens) >= 8
+    expected = sum(counter.batch_tokens[2:8]) / (counter.step_ends[-1] - counter.step_ends[0])
+    assert counter.tokens_per_s == pytest.approx(expected)
+    assert counter.tokens_per_s > 0

@@ -46,7 +46,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 LESSON_GLOB = "[0-9][0-9]_*.ipynb"
 META_KEYS = ("preset", "model", "device")  # recorded by every lesson; shown as columns, not metrics
-KERNEL_ENV = {"MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false"}  # always set for the kernel
+# Always set for the kernel. The inline backend embeds every figure as a PNG in the executed
+# notebook (what a student, a grader and the committed lessons show); a GUI backend would open
+# windows, and Agg (the Makefile's default for plain Python) would drop the figures.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+KERNEL_ENV = {"MPLBACKEND": INLINE_BACKEND, "TOKENIZERS_PARALLELISM": "false"}
 KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1"}  # set unless the user already set them
 RSS_SAMPLE_S = 0.2
 
@@ -92,7 +96,7 @@ def find_lessons(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
 # ----------------------------------------------------------------------------- execution helpers
 @contextlib.contextmanager
 def kernel_env():
-    """Set the environment the kernel inherits (progress bars off, Agg backend); restore it after."""
+    """Set the environment the kernel inherits (progress bars off, inline figures); restore it after."""
     saved = dict(os.environ)
     os.environ.update(KERNEL_ENV)
     for key, value in KERNEL_ENV_DEFAULTS.items():

@@ -11,6 +11,7 @@ timeout and skipped entirely when ``HF_HUB_OFFLINE`` is set.
 """
 from __future__ import annotations
 
+import gc
 import os
 import random
 import sys
@@ -271,21 +272,54 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def peak_memory_mb() -> dict:
-    """Peak memory so far: ``{"process_rss_peak_mb": float, "gpu_peak_mb": float | None}``.
+def _vm_hwm_kib() -> int | None:
+    """Linux: the process's resident-set high-water mark (``VmHWM``, KiB), resettable; else None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
-    The RSS peak comes from ``getrusage`` (KiB on Linux, bytes on macOS); the GPU peak is
+
+def peak_memory_mb() -> dict:
+    """Peak memory since the start or the last :func:`reset_peak_memory`.
+
+    Returns ``{"process_rss_peak_mb": float, "gpu_peak_mb": float | None}``. The RSS peak is
+    Linux's ``VmHWM`` (reset by :func:`reset_peak_memory`), elsewhere ``getrusage``'s
+    lifetime peak (KiB on Linux, bytes on macOS); the GPU peak is
     ``torch.cuda.max_memory_allocated`` (tensors only, not the CUDA context), None without CUDA.
     """
-    try:
-        import resource  # Unix only
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    except ImportError:  # Windows: psutil's peak working set when available
-        import psutil
-        rss = getattr(psutil.Process().memory_info(), "peak_wset", 0) / 2**10
-    rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    rss_kib = _vm_hwm_kib()
+    if rss_kib is None:
+        try:
+            import resource  # Unix only
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            rss_kib = rss / 2**10 if sys.platform == "darwin" else rss
+        except ImportError:  # Windows: psutil's peak working set when available
+            import psutil
+            rss_kib = getattr(psutil.Process().memory_info(), "peak_wset", 0) / 2**10
     gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
-    return {"process_rss_peak_mb": round(rss_mb, 1), "gpu_peak_mb": None if gpu is None else round(gpu, 1)}
+    return {"process_rss_peak_mb": round(rss_kib / 2**10, 1), "gpu_peak_mb": None if gpu is None else round(gpu, 1)}
+
+
+def reset_peak_memory() -> bool:
+    """Start a new peak-memory window for :func:`peak_memory_mb` (GPU always; process RSS on Linux).
+
+    Returns True when the process peak was reset, False where the OS keeps only a lifetime
+    peak (macOS, Windows): then ``process_rss_peak_mb`` is the peak since the process started.
+    """
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _version(package: str) -> str | None:

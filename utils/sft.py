@@ -12,6 +12,7 @@ padding.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -130,6 +131,93 @@ def training_arguments(cfg, output_dir: str | Path, **overrides):
     )
     kw.update(overrides)
     return TrainingArguments(**kw)
+
+
+def sft_config(cfg, output_dir: str | Path, **overrides):
+    """``trl.SFTConfig`` for a resolved preset, with every precision choice explicit.
+
+    ``SFTConfig`` defaults to ``bf16=True`` whenever ``fp16`` is unset (even on a CPU or a T4)
+    and to gradient checkpointing on; here both follow the preset (``cfg.dtype``,
+    ``cfg.gradient_checkpointing``), so a run never changes precision silently.
+    ``overrides`` are any ``SFTConfig`` fields (e.g. ``packing=True``, ``assistant_only_loss=True``).
+    """
+    from trl import SFTConfig
+
+    save = cfg.save_steps and cfg.save_steps > 0
+    kw = dict(
+        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
+        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps,
+        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
+        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
+        max_length=cfg.max_length, report_to="none", seed=cfg.seed, dataloader_num_workers=0,
+        dataloader_pin_memory=cfg.device == "cuda",
+    )
+    kw.update(overrides)
+    return SFTConfig(**kw)
+
+
+class TokenCounter:
+    """Count what a data collator batches, and time the training steps it feeds.
+
+    Wraps a collator: ``tokens`` (real tokens of the examples) and ``positions`` (cells of
+    the batch tensors, padding included) accumulate over every batch, so
+    ``padding_fraction`` = 1 - tokens / positions. Added as a trainer callback it also
+    timestamps the end of every optimizer step, and ``tokens_per_s`` is the real tokens of
+    steps 2..N over their wall time: the first step (lazy initialisation, warm-up) is left
+    out. Usage::
+
+        counter = trainer.data_collator = TokenCounter(trainer.data_collator)
+        trainer.add_callback(counter.callback)
+        trainer.train()
+        counter.tokens_per_s, counter.padding_fraction
+    """
+
+    def __init__(self, collator):
+        from transformers import TrainerCallback
+
+        self.collator = collator
+        self.batch_tokens: list[int] = []   # per collated batch, in order
+        self.positions = 0
+        self.step_ends: list[float] = []    # time.perf_counter() at the end of each optimizer step
+        self.grad_accum = 1
+        counter = self
+
+        class _Clock(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                counter.grad_accum = args.gradient_accumulation_steps
+
+            def on_step_end(self, args, state, control, **kwargs):
+                counter.step_ends.append(time.perf_counter())
+
+        self.callback = _Clock()
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        self.batch_tokens.append(sum(len(e["input_ids"]) for e in examples))
+        self.positions += batch["input_ids"].numel()
+        return batch
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.batch_tokens)
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.tokens / self.positions if self.positions else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real tokens per second over steps 2..N (needs ``trainer.add_callback(counter.callback)``)."""
+        n = len(self.step_ends)
+        if n < 2:
+            raise ValueError("tokens_per_s needs at least 2 timed steps: add counter.callback to the trainer "
+                             "and train for 2 steps or more")
+        ga = self.grad_accum
+        timed = sum(self.batch_tokens[ga:n * ga])  # the batches of steps 2..n (a prefetched extra batch is left out)
+        return timed / (self.step_ends[-1] - self.step_ends[0])
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:

@@ -1,0 +1,42 @@
+"""Lesson 02 runs end to end on `tiny` under papermill; its records show each effect it claims."""
+import pytest
+
+from utils import read_records
+from utils.run import main as run_main
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert run_main(["02", "--preset", "tiny", "--out", str(out)]) == 0, f"lesson 02 failed; see {out}/run.log"
+    (nb,) = out.glob("02_*.ipynb")
+    return read_records(nb)
+
+
+@pytest.mark.slow
+def test_sft_with_trl_teaches_the_chat_format(records):
+    assert records["02/preset"] == "tiny"
+    assert records["02/format_compliance_before"] <= 0.1
+    assert records["02/format_compliance_after"] >= 0.9
+    assert records["02/lora_format_compliance"] >= 0.9
+    assert records["02/qlora_format_compliance"] >= 0.8
+    assert 0 < records["02/eval_loss_final"] < 0.5
+
+
+@pytest.mark.slow
+def test_packing_beats_padding(records):
+    assert records["02/tokens_per_s_packed"] > records["02/tokens_per_s_padded"]
+    assert records["02/padding_fraction_packed"] < records["02/padding_fraction_padded"]
+    assert records["02/padding_fraction_padded"] > 0.15, "mixed-length problems should waste padding"
+    assert records["02/tokens_per_s_padding_free"] > 0
+
+
+@pytest.mark.slow
+def test_lora_and_qlora_figures(records):
+    assert 0.05 < records["02/lora_trainable_share"] < 0.5
+    assert records["02/lora_merge_max_abs_diff"] < 1e-3, "merging must not change the outputs"
+    assert records["02/footprint_mb_nf4"] < records["02/footprint_mb_full"] / 3
+    assert 0 < records["02/adapter_mb"] < records["02/footprint_mb_full"]
+    for run in ("sft", "lora", "qlora"):
+        assert records[f"02/peak_rss_mb_{run}"] > 100
+        assert records[f"02/peak_gpu_mb_{run}"] is None  # CPU run
