@@ -1,0 +1,161 @@
+"""utils/dpo.py: known values, and the from-scratch DPO loss equals TRL DPOTrainer's on the same batch."""
+import copy
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from utils import data, dpo, tiny
+
+
+def test_sequence_logps_known_values():
+    # vocabulary of 3; uniform logits except where noted
+    logits = torch.zeros(1, 4, 3)
+    logits[0, 1, 2] = math.log(2.0)           # position 1 predicts token 2 with probability 2/4
+    input_ids = torch.tensor([[0, 1, 2, 0]])
+    mask = torch.tensor([[0, 1, 1, 0]])       # completion = tokens at positions 1 and 2
+    got = dpo.sequence_logps(logits, input_ids, mask)
+    assert got.shape == (1,) and got.dtype == torch.float32
+    assert got.item() == pytest.approx(math.log(1 / 3) + math.log(0.5))
+    assert dpo.sequence_logps(logits, input_ids, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_dpo_loss_known_values():
+    pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    rc, rr = torch.tensor([-2.0, -2.0]), torch.tensor([-2.0, -2.0])
+    loss, cr, rj = dpo.dpo_loss(pc, pr, rc, rr, beta=0.5)
+    margins = torch.tensor([0.5 * (1 - (-1)), 0.5 * (0 - 1)])      # [1.0, -0.5]
+    assert loss.item() == pytest.approx(float(-torch.nn.functional.logsigmoid(margins).mean()))
+    assert cr.tolist() == [0.5, 0.0] and rj.tolist() == [-0.5, 0.5]
+    # equal policy and reference: the loss is log 2 whatever beta
+    same = dpo.dpo_loss(pc, pr, pc, pr, beta=3.0)[0]
+    assert same.item() == pytest.approx(math.log(2))
+
+
+def test_collate_pairs_layout():
+    ex = [{"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4, 5]}]
+    b = dpo.collate_pairs(ex, pad_token_id=0)
+    assert b["input_ids"].tolist() == [[1, 2, 3, 0], [1, 2, 4, 5]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert b["completion_mask"].tolist() == [[0, 0, 1, 0], [0, 0, 1, 1]]
+
+
+def _pairs(n=4):
+    rows = []
+    for i, p in enumerate(data.make_problems(n, "train", seed=5)):
+        wrong = p["answer"].rsplit("####", 1)[0] + f"#### {int(data.final_answer(p['answer'])) + 1 + i}"
+        rows.append(data.to_preference(p, p["answer"], wrong))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trl_setup(tmp_path_factory):
+    from trl import DPOConfig, DPOTrainer
+
+    model, tok = tiny.load()
+    ref = copy.deepcopy(model).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # move the policy away from the reference so the loss is not log 2
+        for p in model.model.layers[0].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    args = DPOConfig(output_dir=str(tmp_path_factory.mktemp("dpo")), beta=0.3, per_device_train_batch_size=4,
+                     max_steps=1, report_to="none", bf16=False, use_cpu=True, activation_checkpointing=False,
+                     max_length=None)
+    trainer = DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(_pairs()),
+                         processing_class=tok)
+    return trainer, ref, tok
+
+
+def test_tokenize_pair_matches_trl(trl_setup):
+    trainer, _, tok = trl_setup
+    for row, pair in zip(trainer.train_dataset, _pairs()):
+        ours = dpo.tokenize_pair(tok, pair)
+        assert {k: row[k] for k in ours} == ours
+
+
+def test_loss_matches_trl_dpo_trainer(trl_setup):
+    trainer, ref, tok = trl_setup
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(trainer.model, batch).item()
+        pc, pr = dpo.completion_logps(trainer.model, batch).chunk(2)
+        rc, rr = dpo.completion_logps(ref, batch).chunk(2)
+    ours, chosen_rewards, rejected_rewards = dpo.dpo_loss(pc, pr, rc, rr, beta=0.3)
+    assert abs(ours.item() - math.log(2)) > 1e-3, "the test needs policy != reference"
+    assert ours.item() == pytest.approx(trl_loss, abs=1e-5)
+    # the batch our own collator builds is TRL's batch
+    ours_batch = dpo.collate_pairs([dpo.tokenize_pair(tok, p) for p in _pairs()], tok.pad_token_id)
+    assert sorted(map(tuple, ours_batch["input_ids"].tolist())) == sorted(map(tuple, batch["input_ids"].tolist()))
+    # TRL logs the same implicit rewards
+    logged = trainer._metrics["train" if trainer.model.training else "eval"]
+    assert logged["rewards/chosen"][-1] == pytest.approx(chosen_rewards.mean().item(), abs=1e-5)
+    assert logged["rewards/margins"][-1] == pytest.approx((chosen_rewards - rejected_rewards).mean().item(), abs=1e-5)
+
+
+def test_implicit_rewards_zero_for_identical_models():
+    model, tok = tiny.load()
+    c, r = dpo.implicit_rewards(model, model, tok, _pairs(3), beta=0.1)
+    assert c.shape == r.shape == (3,)
+    assert c.abs().max().item() < 1e-6 and r.abs().max().item() < 1e-6
+
+
+def test_sample_reward_tiers():
+    assert dpo.sample_reward("3 + 4 = 7\n#### 7", "7") == 2
+    assert dpo.sample_reward("3 + 4 = 6\n#### 6", "7") == 1
+    assert dpo.sample_reward("the answer is 7", "7") == 0
+    assert dpo.sample_reward("", "7") == 0
+
+
+def test_preference_pairs_from_scripted_samples(monkeypatch):
+    """Chosen is correct (and concise when it can be), rejected has the lowest reward; style pairs need both styles."""
+    from utils import evaluation
+    problems = [{"question": "q1", "answer": "1 + 1 = 2\n#### 2"}, {"question": "q2", "answer": "2 + 2 = 4\n#### 4"},
+                {"question": "q3", "answer": "3 + 3 = 6\n#### 6"}]
+    verbose = "Let me think.\n"
+    scripted = [["1 + 1 = 2\n#### 2", verbose + "1 + 1 = 2\n#### 2", "1 + 1 = 3\n#### 3", "garbage"],
+                ["2 + 2 = 4\n#### 4", "2 + 2 = 4\n#### 4"],        # all correct: no correctness pair
+                ["3 + 3 = 5\n#### 5", "nothing"]]                    # all wrong: no pair
+    monkeypatch.setattr(evaluation, "format_prompts", lambda tok, probs, fmt: [p["question"] for p in probs])
+    monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
+    pairs, stats = dpo.preference_pairs(None, None, problems, n_samples=4,
+                                        dispreferred=lambda t: t.startswith("Let me"))
+    assert (stats["correctness"], stats["style"], stats["all_correct"], stats["all_wrong"]) == (1, 1, 1, 1)
+    assert stats["sample_accuracy"] == pytest.approx(4 / 12)
+    corr, style = pairs
+    assert corr["kind"] == "correctness" and corr["chosen"][0]["content"] == "1 + 1 = 2\n#### 2"
+    assert corr["rejected"][0]["content"] == "garbage", "rejected is a lowest-reward (malformed) sample"
+    assert style["kind"] == "style" and style["rejected"][0]["content"].startswith("Let me")
+    assert corr["prompt"] == [{"role": "user", "content": "q1"}] and corr["answer"] == problems[0]["answer"]
+
+
+def test_preference_pairs_on_the_tiny_model():
+    from utils import rewards
+    model, tok = tiny.load()
+    problems = data.make_problems(12, "train", seed=3, difficulty=1)
+    pairs, stats = dpo.preference_pairs(model, tok, problems, n_samples=2, max_new_tokens=48, seed=0)
+    assert stats["problems"] == 12 and stats["samples"] == 24 and stats["style"] == 0
+    assert stats["correctness"] == len(pairs) <= 12
+    for p in pairs:
+        truth = data.final_answer(p["answer"])
+        assert rewards.answers_match(rewards.extract_answer(p["chosen"][0]["content"], strict=True), truth)
+        assert dpo.sample_reward(p["rejected"][0]["content"], truth) < 2
+
+
+def test_kl_to_reference_zero_for_identical_and_positive_after_a_change():
+    model, tok = tiny.load()
+    problems = data.make_problems(8, "test", seed=1)
+    assert abs(dpo.kl_to_reference(model, model, tok, problems, max_new_tokens=24)) < 1e-6
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)     # a sharper policy: KL(pi || ref) > 0 on its own samples
+    torch.manual_seed(0)
+    assert dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24) > 0
+
+
+def test_dpo_config_follows_the_preset(tmp_path):
+    from utils import presets
+    cfg = presets.resolve("tiny", "03")
+    args = dpo.dpo_config(cfg, tmp_path, beta=0.5)
+    assert args.beta == 0.5 and args.max_steps == cfg.max_steps and args.learning_rate == cfg.learning_rate
+    assert not args.bf16 and not args.fp16 and args.activation_checkpointing is False

@@ -1,0 +1,251 @@
+"""Direct Preference Optimization pieces (reference implementations for lesson 03).
+
+Lesson 03 writes :func:`sequence_logps` and :func:`dpo_loss` from scratch as exercises;
+``tests/test_dpo.py`` checks these references against the loss TRL's ``DPOTrainer``
+computes on the same batch. The batch layout is TRL's (``DataCollatorForPreference``):
+``2B`` right-padded rows, the B chosen sequences first, then the B rejected ones, each
+``prompt + completion``, with a ``completion_mask`` of 1 on the completion tokens.
+
+Preference data is made *on-policy* by :func:`preference_pairs`: sample several answers
+per prompt from the SFT model and let the verifiable reward pick a correct, well-formatted
+answer as *chosen* and a wrong one as *rejected*.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+from . import data, evaluation, rewards
+
+
+# ----------------------------------------------------------------------------- log-probabilities
+def sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of log-probabilities of the completion tokens of each sequence.
+
+    Args:
+        logits: (N, T, V) float; ``logits[:, t]`` predicts the token at position t + 1.
+        input_ids: (N, T) int64.
+        completion_mask: (N, T) int/bool, 1 on completion tokens (0 on prompt and padding).
+    Returns:
+        (N,) float32: ``sum_t log p(input_ids[:, t] | input_ids[:, :t])`` over the positions t >= 1
+        with ``completion_mask[:, t] == 1``.
+    """
+    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    token_logps = logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (token_logps * completion_mask[:, 1:].to(token_logps.dtype)).sum(dim=1)
+
+
+def completion_logps(model, batch: dict) -> torch.Tensor:
+    """(2B,) completion log-probabilities of a preference batch under ``model`` (with gradients
+    if the model has them; wrap in ``torch.no_grad()`` for a reference model)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    return sequence_logps(logits, batch["input_ids"], batch["completion_mask"])
+
+
+# ----------------------------------------------------------------------------- the loss
+def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+             ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float):
+    """The DPO loss (Rafailov et al., 2023), TRL's ``loss_type="sigmoid"``.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps: (B,) completion log-probs under the policy.
+        ref_chosen_logps, ref_rejected_logps: (B,) the same under the frozen reference.
+        beta: strength of the implicit KL constraint.
+    Returns:
+        ``(loss, chosen_rewards, rejected_rewards)``: the scalar mean of
+        ``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` and the (B,) implicit rewards
+        ``beta * (pi - ref)`` of each side (detached).
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    loss = -F.logsigmoid(beta * (chosen_logratios - rejected_logratios)).mean()
+    return loss, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+def dpo_config(cfg, output_dir, **overrides):
+    """``trl.DPOConfig`` for a resolved lesson-03 preset, with precision and checkpointing explicit
+    (TRL's configs default to bf16 and gradient checkpointing). ``overrides``: any DPOConfig field."""
+    from trl import DPOConfig
+
+    save = cfg.save_steps and cfg.save_steps > 0
+    kw = dict(
+        output_dir=str(output_dir), beta=cfg.beta, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
+        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps, max_length=cfg.max_length,
+        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
+        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
+        activation_checkpointing=cfg.gradient_checkpointing, report_to="none", seed=cfg.seed,
+        dataloader_num_workers=0, dataloader_pin_memory=cfg.device == "cuda",
+    )
+    kw.update(overrides)
+    return DPOConfig(**kw)
+
+
+# ----------------------------------------------------------------------------- batches
+def tokenize_pair(tokenizer, pair: dict) -> dict:
+    """Token ids of a conversational preference example, split as TRL splits them.
+
+    Args:
+        pair: ``{"prompt": [messages], "chosen": [assistant message], "rejected": [assistant message]}``.
+    Returns:
+        ``{"prompt_ids", "chosen_ids", "rejected_ids"}`` (lists of ints): the prompt rendered with the
+        generation prompt, and each completion as the rest of the rendered conversation
+        (the assistant's content, ``<|im_end|>`` and the template's newline).
+    """
+    def render(messages, **kw):
+        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kw)
+
+    prompt = render(pair["prompt"], add_generation_prompt=True)
+    out = {"prompt_ids": prompt}
+    for side in ("chosen", "rejected"):
+        full = render(pair["prompt"] + pair[side])
+        if full[:len(prompt)] != prompt:
+            raise ValueError("the chat template renders the prompt differently once an answer follows; "
+                             "cannot split prompt and completion")
+        out[f"{side}_ids"] = full[len(prompt):]
+    return out
+
+
+def collate_pairs(examples: list[dict], pad_token_id: int) -> dict:
+    """TRL's preference batch from tokenized pairs (:func:`tokenize_pair`).
+
+    Returns int64 tensors of shape (2B, T), right-padded: ``input_ids``, ``attention_mask``
+    and ``completion_mask``; rows 0..B-1 are prompt+chosen, rows B..2B-1 prompt+rejected.
+    """
+    seqs, masks = [], []
+    for side in ("chosen", "rejected"):
+        for e in examples:
+            seqs.append(e["prompt_ids"] + e[f"{side}_ids"])
+            masks.append([0] * len(e["prompt_ids"]) + [1] * len(e[f"{side}_ids"]))
+    T = max(len(s) for s in seqs)
+    batch = {k: torch.full((len(seqs), T), fill, dtype=torch.long)
+             for k, fill in (("input_ids", pad_token_id), ("attention_mask", 0), ("completion_mask", 0))}
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        batch["input_ids"][i, :len(s)] = torch.tensor(s)
+        batch["attention_mask"][i, :len(s)] = 1
+        batch["completion_mask"][i, :len(s)] = torch.tensor(m)
+    return batch
+
+
+@torch.no_grad()
+def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float, batch_size: int = 32):
+    """Implicit rewards ``beta * log(pi / pi_ref)`` of every pair's chosen and rejected answer.
+
+    Returns ``(chosen, rejected)``, two (N,) float tensors on the CPU. The preference accuracy
+    is ``(chosen > rejected).float().mean()``.
+    """
+    device = next(model.parameters()).device
+    chosen, rejected = [], []
+    for i in range(0, len(pairs), batch_size):
+        batch = collate_pairs([tokenize_pair(tokenizer, p) for p in pairs[i:i + batch_size]], tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        pi = completion_logps(model, batch)
+        ref = completion_logps(ref_model, batch)
+        c, r = (beta * (pi - ref)).float().cpu().chunk(2)
+        chosen.append(c)
+        rejected.append(r)
+    return torch.cat(chosen), torch.cat(rejected)
+
+
+@torch.no_grad()
+def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_tokens: int = 96,
+                    batch_size: int = 64) -> float:
+    """Monte-Carlo estimate of the sequence-level KL(pi || pi_ref) on chat prompts, in nats.
+
+    One answer per problem is sampled from ``model`` at temperature 1 with no top-k/top-p (a
+    sample of pi itself); the estimate is the mean of ``log pi(y|x) - log pi_ref(y|x)`` over the
+    sampled tokens, up to and including the end-of-turn token (or ``max_new_tokens``).
+    """
+    device = next(model.parameters()).device
+    stops = torch.tensor(evaluation.stop_token_ids(tokenizer), device=device)
+    prompts = evaluation.format_prompts(tokenizer, problems, "chat")
+    was_training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    total = 0.0
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i:i + batch_size], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
+            seqs = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                  max_new_tokens=max_new_tokens, eos_token_id=stops.tolist(),
+                                  pad_token_id=tokenizer.pad_token_id)
+            P = enc["input_ids"].shape[1]
+            new = seqs[:, P:]
+            ended = torch.isin(new, stops).long()
+            valid = (ended.cumsum(1) - ended) == 0          # tokens up to and including the first stop
+            attention = torch.cat([enc["attention_mask"], valid.long()], dim=1)
+            completion = torch.cat([torch.zeros_like(enc["attention_mask"]), valid.long()], dim=1)
+            positions = (attention.cumsum(1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+            logps = []
+            for m in (model, ref_model):
+                logits = m(input_ids=seqs, attention_mask=attention, position_ids=positions, use_cache=False).logits
+                logps.append(sequence_logps(logits, seqs, completion))
+            total += (logps[0] - logps[1]).sum().item()
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return total / len(prompts)
+
+
+# ----------------------------------------------------------------------------- on-policy pairs
+def sample_reward(text, truth) -> int:
+    """The verifiable reward used to rank samples: 2 correct and well formatted, 1 wrong but
+    well formatted, 0 malformed (a correct number in a malformed answer also scores 0 or 1 at most)."""
+    formatted = rewards.is_well_formatted(text)
+    correct = rewards.answers_match(rewards.extract_answer(text, strict=True), truth)
+    return 2 if (formatted and correct) else int(formatted)
+
+
+def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4, temperature: float = 0.8,
+                     max_new_tokens: int = 96, batch_size: int = 64, seed: int = 0,
+                     dispreferred=None) -> tuple[list[dict], dict]:
+    """On-policy preference pairs judged by the verifiable reward.
+
+    For each problem, sample ``n_samples`` chat answers from ``model`` and score them with
+    :func:`sample_reward`. A problem with a correct answer (reward 2) and a wrong one gives a
+    ``kind="correctness"`` pair: *chosen* a correct answer, *rejected* a lowest-reward one.
+    With ``dispreferred`` (a function text -> bool, e.g. "is verbose"), chosen answers avoid
+    the dispreferred style when they can, and a problem whose correct answers come in both
+    styles also gives a ``kind="style"`` pair (the reward cannot tell these two apart).
+    Ties are broken with ``random.Random(seed)``.
+
+    Returns ``(pairs, stats)``: TRL conversational preference rows (``data.to_preference``)
+    with ``kind`` and the problem's ``answer`` added, and counts: ``problems``, ``samples``,
+    ``sample_accuracy``, ``correctness``, ``style``, ``all_correct``, ``all_wrong``.
+    """
+    rng = random.Random(seed)
+    prompts = evaluation.format_prompts(tokenizer, problems, "chat")
+    samples = evaluation.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, do_sample=True,
+                                  temperature=temperature, num_return_sequences=n_samples, batch_size=batch_size)
+    bad_style = dispreferred or (lambda text: False)
+    pairs = []
+    stats = {"problems": len(problems), "samples": len(problems) * n_samples, "correctness": 0, "style": 0,
+             "all_correct": 0, "all_wrong": 0}
+    n_correct = 0
+    for problem, answers in zip(problems, samples):
+        truth = data.final_answer(problem["answer"])
+        scored = [(sample_reward(a, truth), a) for a in answers]
+        good = [a for r, a in scored if r == 2]
+        wrong = [(r, a) for r, a in scored if r < 2]
+        n_correct += len(good)
+        stats["all_correct"] += not wrong
+        stats["all_wrong"] += not good
+        preferred = [a for a in good if not bad_style(a)]
+        if good and wrong:
+            lowest = min(r for r, _ in wrong)
+            chosen = rng.choice(preferred or good)
+            rejected = rng.choice([a for r, a in wrong if r == lowest])
+            pairs.append({**data.to_preference(problem, chosen, rejected), "kind": "correctness",
+                          "answer": problem["answer"]})
+            stats["correctness"] += 1
+        styled = [a for a in good if bad_style(a)]
+        if preferred and styled:
+            pairs.append({**data.to_preference(problem, rng.choice(preferred), rng.choice(styled)), "kind": "style",
+                          "answer": problem["answer"]})
+            stats["style"] += 1
+    stats["sample_accuracy"] = n_correct / max(1, stats["samples"])
+    return pairs, stats
