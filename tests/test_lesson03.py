@@ -1,0 +1,41 @@
+"""Lesson 03 runs end to end on `tiny` under papermill; its records show each effect it claims."""
+import pytest
+
+from utils import read_records
+from utils.run import main as run_main
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert run_main(["03", "--preset", "tiny", "--out", str(out)]) == 0, f"lesson 03 failed; see {out}/run.log"
+    (nb,) = out.glob("03_*.ipynb")
+    return read_records(nb)
+
+
+@pytest.mark.slow
+def test_from_scratch_loss_matches_trl(records):
+    assert records["03/trl_loss_abs_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_on_policy_pairs_of_both_kinds(records):
+    assert records["03/sft_format_compliance"] >= 0.9
+    assert records["03/train_pairs"] >= 50 and records["03/train_pairs_style"] >= 10
+    assert records["03/heldout_pairs"] >= 20
+
+
+@pytest.mark.slow
+def test_dpo_learns_the_unverified_preference_and_keeps_accuracy(records):
+    assert records["03/train_reward_accuracy_final"] >= 0.7
+    assert records["03/heldout_pref_accuracy_style"] >= 0.75, "concise over verbose generalises to held-out pairs"
+    assert records["03/dpo_verbose_rate"] < records["03/sft_verbose_rate"] - 0.1
+    assert records["03/dpo_accuracy"] >= records["03/sft_accuracy"] - 0.02, "at most 2 points below the SFT model"
+    assert records["03/dpo_format_compliance"] >= 0.9
+
+
+@pytest.mark.slow
+def test_beta_sweep_trades_kl_for_margin(records):
+    assert records["03/kl_beta_0.01"] > records["03/kl_beta_0.5"] > 0
+    assert records["03/log_ratio_margin_beta_0.01"] > records["03/log_ratio_margin_beta_0.5"]
+    assert records["03/task_accuracy_beta_0.5"] > records["03/task_accuracy_beta_0.01"]
