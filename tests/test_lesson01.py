@@ -1,16 +1,12 @@
 """Lesson 01 runs end to end on `tiny` under papermill and shows the SFT effect in its records."""
 import pytest
 
-from utils import read_records
-from utils.run import main as run_main
+from lesson_run import lesson_records
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert run_main(["01", "--preset", "tiny", "--out", str(out)]) == 0, f"lesson 01 failed; see {out}/run.log"
-    (nb,) = out.glob("01_*.ipynb")
-    return read_records(nb)
+    return lesson_records("01", tmp_path_factory)
 
 
 @pytest.mark.slow

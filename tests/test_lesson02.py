@@ -1,16 +1,12 @@
 """Lesson 02 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from utils import read_records
-from utils.run import main as run_main
+from lesson_run import lesson_records
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert run_main(["02", "--preset", "tiny", "--out", str(out)]) == 0, f"lesson 02 failed; see {out}/run.log"
-    (nb,) = out.glob("02_*.ipynb")
-    return read_records(nb)
+    return lesson_records("02", tmp_path_factory)
 
 
 @pytest.mark.slow

@@ -65,23 +65,14 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
 
 
 def dpo_config(cfg, output_dir, **overrides):
-    """``trl.DPOConfig`` for a resolved lesson-03 preset, with precision and checkpointing explicit
-    (TRL's configs default to bf16 and gradient checkpointing). ``overrides``: any DPOConfig field."""
+    """``trl.DPOConfig`` for a resolved lesson-03 preset: :func:`utils.sft.trainer_kwargs` (precision and
+    checkpointing explicit) plus ``beta`` and ``max_length``. ``overrides``: any DPOConfig field."""
     from trl import DPOConfig
 
-    save = cfg.save_steps and cfg.save_steps > 0
-    kw = dict(
-        output_dir=str(output_dir), beta=cfg.beta, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
-        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps, max_length=cfg.max_length,
-        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
-        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
-        activation_checkpointing=cfg.gradient_checkpointing, report_to="none", seed=cfg.seed,
-        dataloader_num_workers=0, dataloader_pin_memory=cfg.device == "cuda",
-    )
-    kw.update(overrides)
-    return DPOConfig(**kw)
+    from .sft import trainer_kwargs
+
+    return DPOConfig(**{**trainer_kwargs(cfg, output_dir), "beta": cfg.beta, "max_length": cfg.max_length,
+                        **overrides})
 
 
 # ----------------------------------------------------------------------------- batches

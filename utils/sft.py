@@ -113,24 +113,28 @@ def quiet(trainer):
     return trainer
 
 
+def trainer_kwargs(cfg, output_dir: str | Path) -> dict:
+    """The ``TrainingArguments`` fields every lesson derives the same way from a resolved preset:
+    steps, batch, learning rate and its schedule, logging, checkpoints, precision (``cfg.dtype``;
+    TRL's configs would otherwise default to bf16), activation checkpointing, device and seed."""
+    save = cfg.save_steps and cfg.save_steps > 0
+    return dict(
+        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
+        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps,
+        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
+        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
+        report_to="none", seed=cfg.seed, dataloader_num_workers=0, dataloader_pin_memory=cfg.device == "cuda",
+    )
+
+
 def training_arguments(cfg, output_dir: str | Path, **overrides):
     """``transformers.TrainingArguments`` for a resolved preset (``utils.presets.resolve``)."""
     from transformers import TrainingArguments
 
-    save = cfg.save_steps and cfg.save_steps > 0
-    kw = dict(
-        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate,
-        warmup_steps=round(cfg.warmup_ratio * cfg.max_steps), lr_scheduler_type="cosine", weight_decay=0.0,
-        logging_steps=cfg.logging_steps, save_strategy="steps" if save else "no",
-        save_steps=cfg.save_steps if save else 500, save_total_limit=2,
-        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16,
-        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
-        report_to="none", seed=cfg.seed, remove_unused_columns=False, dataloader_num_workers=0,
-        dataloader_pin_memory=cfg.device == "cuda",
-    )
-    kw.update(overrides)
-    return TrainingArguments(**kw)
+    return TrainingArguments(**{**trainer_kwargs(cfg, output_dir), "remove_unused_columns": False, **overrides})
 
 
 def sft_config(cfg, output_dir: str | Path, **overrides):
@@ -143,20 +147,7 @@ def sft_config(cfg, output_dir: str | Path, **overrides):
     """
     from trl import SFTConfig
 
-    save = cfg.save_steps and cfg.save_steps > 0
-    kw = dict(
-        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
-        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps,
-        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
-        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
-        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
-        max_length=cfg.max_length, report_to="none", seed=cfg.seed, dataloader_num_workers=0,
-        dataloader_pin_memory=cfg.device == "cuda",
-    )
-    kw.update(overrides)
-    return SFTConfig(**kw)
+    return SFTConfig(**{**trainer_kwargs(cfg, output_dir), "max_length": cfg.max_length, **overrides})
 
 
 class TokenCounter:
