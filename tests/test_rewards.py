@@ -150,11 +150,21 @@ def test_format_reward():
 
 
 def test_compute_score():
-    assert compute_score("openai/gsm8k", GOOD, "7") == 1.0
-    assert compute_score("openai/gsm8k", GOOD, "He has 7.\n#### 7", extra_info={"split": "test"}) == 1.0
-    assert compute_score("openai/gsm8k", GOOD, "8") == 0.0
+    assert compute_score("openai/gsm8k", GOOD, "7") == 2.0
+    assert compute_score("openai/gsm8k", GOOD, "He has 7.\n#### 7", extra_info={"split": "test"}) == 2.0
+    assert compute_score("openai/gsm8k", GOOD, "8") == 1.0                 # well formatted, wrong
+    assert compute_score("openai/gsm8k", "so it is 7", "7") == 1.0          # right, loose format
+    assert compute_score("openai/gsm8k", GOOD + "\n#### 7", "7") == 1.0     # two markers: not formatted
     assert compute_score("openai/gsm8k", None, "7") == 0.0
-    assert compute_score("openai/gsm8k", GOOD, None) == 0.0
+    assert compute_score("openai/gsm8k", "working\n#### 7", None) == 1.0   # format only
+
+
+def test_compute_score_is_the_sum_of_the_trl_rewards():
+    texts = [GOOD, GOOD + "\nmore", "so it is 7", "#### 7", "", "working\n#### 8", "7 then 8"]
+    for truth in ["7", "He has 7.\n#### 7", "8"]:
+        trl = [c + f for c, f in zip(correctness_reward(completions=texts, answer=[truth] * len(texts)),
+                                     format_reward(completions=texts))]
+        assert [compute_score("openai/gsm8k", t, truth) for t in texts] == trl
 
 
 def test_rewards_module_does_not_import_torch():
@@ -193,7 +203,7 @@ def test_extract_never_raises(s, strict):
 def test_match_and_format_never_raise(a, b):
     assert isinstance(answers_match(a, b), bool)
     assert isinstance(is_well_formatted(a), bool)
-    assert compute_score("x", a, b) in (0.0, 1.0)
+    assert compute_score("x", a, b) in (0.0, 1.0, 2.0)
 
 
 @FAST

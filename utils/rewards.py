@@ -13,7 +13,9 @@ Three interfaces:
 * TRL reward functions (``GRPOTrainer(reward_funcs=[correctness_reward, format_reward])``):
   called as ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns)``
   and returning one float per completion
-* verl's custom score function: ``compute_score(data_source, solution_str, ground_truth, extra_info)``
+* verl's custom score function: ``compute_score(data_source, solution_str, ground_truth, extra_info)``,
+  the sum of the two TRL rewards (this file imports nothing outside the standard library,
+  so verl can load it by path: ``reward.custom_reward_function.path=utils/rewards.py`` in verl 0.9)
 """
 from __future__ import annotations
 
@@ -219,10 +221,15 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 # ----------------------------------------------------------------------------- verl
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """verl custom reward: 1.0 if the answer in ``solution_str`` equals ``ground_truth``, else 0.0.
+    """verl custom reward: the sum of the TRL rewards above for one completion.
 
-    ``ground_truth`` is a number string or a full GSM8K answer. Never raises.
+    ``correctness_reward + format_reward``: 2.0 for a correct, well-formatted answer,
+    1.0 for a correct answer in a loose format or a well-formatted wrong one, 0.0 otherwise
+    -- exactly what ``GRPOTrainer(reward_funcs=[correctness_reward, format_reward])``
+    gives the same completion (reward weights 1). ``ground_truth`` is a number string or a
+    full GSM8K answer; ``data_source`` and ``extra_info`` are accepted and ignored. Never raises.
     """
     pred = extract_answer(solution_str)
     truth = extract_answer(ground_truth, strict=False)
-    return 1.0 if answers_match(pred, truth) else 0.0
+    correct = 1.0 if answers_match(pred, truth) else 0.0
+    return correct + (1.0 if is_well_formatted(solution_str) else 0.0)

@@ -1,0 +1,324 @@
+"""utils/rl.py: hand-computed values, and the loss equals TRL GRPOTrainer's on real generations."""
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from utils import data, rewards, rl, tiny
+
+# transformers 5.23 deprecates the name TRL still calls (utils/__init__ silences it, pytest re-enables it)
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+# ============================================================================= hand-computed values
+R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])     # two groups of 4; the second all equal
+
+
+def test_group_advantages_group_scale():
+    # group 1: mean 0.5, unbiased std sqrt((4 * 0.25) / 3) = 1/sqrt(3) = 0.57735; group 2: std 0 -> all 0
+    a = 0.5 / (3 ** -0.5 + 1e-4)                                  # 0.86588
+    got = rl.group_advantages(R, 4)
+    assert got.shape == (8,) and got.dtype == torch.float32
+    assert got.tolist() == pytest.approx([a, -a, -a, a, 0, 0, 0, 0], abs=1e-6)
+    assert a == pytest.approx(0.86588, abs=1e-5)
+    assert got[4:].abs().max().item() == 0.0                      # exactly zero, not 0/0
+    assert rl.group_advantages(R, 4, eps=0.0)[:4].tolist() == pytest.approx([3 ** 0.5 / 2 * s for s in (1, -1, -1, 1)])
+
+
+def test_group_advantages_batch_and_none():
+    # batch: mean 0.75, unbiased var (6 * 0.0625 + 2 * 0.5625) / 7 = 1.5 / 7, std 0.46291
+    b = 0.5 / ((1.5 / 7) ** 0.5 + 1e-4)                            # 1.07990
+    assert b == pytest.approx(1.07990, abs=1e-5)
+    assert rl.group_advantages(R, 4, scale="batch").tolist() == pytest.approx([b, -b, -b, b, 0, 0, 0, 0], abs=1e-6)
+    assert rl.group_advantages(R, 4, scale="none").tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]
+    # group_size 1: no spread within a group -> advantages 0 (TRL uses std 0 there, not NaN)
+    assert rl.group_advantages(torch.tensor([1.0, 2.0]), 1).tolist() == [0.0, 0.0]
+    # integer rewards are accepted
+    assert rl.group_advantages(torch.tensor([1, 0]), 2, scale="none").tolist() == [0.5, -0.5]
+
+
+def test_rloo_advantages():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])
+    # group 1: 1 - (0 + 0 + 1) / 3 = 2/3, 0 - 2/3; group 2: 2 - 18/3 = -4, 4 - 16/3, 6 - 14/3, 8 - 12/3
+    want = [2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, -4 / 3, 4 / 3, 4.0]
+    assert rl.rloo_advantages(r, 4).tolist() == pytest.approx(want)
+    # = G / (G - 1) * (r - group mean)
+    centered = rl.group_advantages(r, 4, scale="none")
+    assert rl.rloo_advantages(r, 4).tolist() == pytest.approx((4 / 3 * centered).tolist())
+    assert rl.rloo_advantages(torch.tensor([3.0, 1.0]), 2).tolist() == [2.0, -2.0]
+
+
+def test_masked_mean_and_normalize():
+    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert rl.masked_mean(v, m).item() == pytest.approx((1 + 2 + 4 + 6) / 4)
+    assert rl.masked_mean(v, m, dim=1).tolist() == pytest.approx([1.5, 5.0])
+    assert rl.masked_mean(v, m, dim=0).tolist() == pytest.approx([2.5, 2.0, 6.0])
+    assert rl.masked_mean(v, m.bool(), dim=-1).tolist() == pytest.approx([1.5, 5.0])
+    assert rl.masked_normalize(v, m, 2.0).item() == pytest.approx(13 / 2)
+    assert rl.masked_normalize(v, m, 4.0, dim=1).tolist() == pytest.approx([0.75, 2.5])
+    assert math.isnan(rl.masked_mean(v, torch.zeros_like(m)).item())     # no clamping in masked_mean
+
+
+def test_clipped_surrogate_known_values():
+    log = math.log
+    # log-ratios per column: rho = 1.5 (above 1 + eps), rho = 0.5 (below 1 - eps), rho = 1
+    logps = torch.tensor([[log(1.5), log(0.5), 0.0], [log(1.5), log(0.5), 0.0]])
+    old = torch.zeros(2, 3)
+    adv = torch.tensor([1.0, -1.0])                       # row 0: A > 0, row 1: A < 0
+    got = rl.clipped_surrogate(logps, old, adv)
+    assert got.shape == (2, 3)
+    # A > 0: rho = 1.5 clipped to 1.2 (no reward for moving further); rho = 0.5 is kept (pessimistic min)
+    # A < 0: rho = 0.5 clipped to 0.8; rho = 1.5 is kept (the larger loss)
+    assert got.tolist()[0] == pytest.approx([-1.2, -0.5, -1.0])
+    assert got.tolist()[1] == pytest.approx([1.5, 0.8, 1.0])
+    assert torch.equal(rl.clipped_surrogate(logps, old, adv.unsqueeze(1)), got)      # (B, 1) advantages
+    # asymmetric clip-higher (DAPO): the upper bound moves to 1.28, the lower stays at 0.8
+    asym = rl.clipped_surrogate(logps, old, adv, eps_low=0.2, eps_high=0.28)
+    assert asym.tolist()[0] == pytest.approx([-1.28, -0.5, -1.0])
+    assert asym.tolist()[1] == pytest.approx([1.5, 0.8, 1.0])
+    r125, zero, one = torch.tensor([[log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0])   # rho = 1.25, A = 1
+    assert rl.clipped_surrogate(r125, zero, one).item() == pytest.approx(-1.2)                # clipped at 1.2
+    assert rl.clipped_surrogate(r125, zero, one, eps_high=0.28).item() == pytest.approx(-1.25)  # inside [0.8, 1.28]
+    # logps are shifted by a common offset: only the difference matters
+    torch.testing.assert_close(rl.clipped_surrogate(logps - 3.0, old - 3.0, adv), got)
+
+
+def test_clipped_surrogate_gradient_on_policy():
+    """With old = logps.detach() the loss is -A per token and its gradient is -A (the REINFORCE gradient)."""
+    logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss = rl.clipped_surrogate(logps, logps.detach(), torch.tensor([0.7]))
+    assert loss.tolist()[0] == pytest.approx([-0.7, -0.7])
+    loss.sum().backward()
+    assert logps.grad.tolist()[0] == pytest.approx([-0.7, -0.7])
+
+
+def test_k3_kl_known_values():
+    lp = torch.tensor([[-1.0, -2.5, -0.1]])
+    assert rl.k3_kl(lp, lp).abs().max().item() == 0.0
+    ln2 = math.log(2.0)
+    # ref - logp = ln 2: 2 - ln 2 - 1 = 0.306853;  ref - logp = -ln 2: 0.5 + ln 2 - 1 = 0.193147
+    got = rl.k3_kl(torch.tensor([[0.0, ln2]]), torch.tensor([[ln2, 0.0]]))
+    assert got.tolist()[0] == pytest.approx([0.306853, 0.193147], abs=1e-6)
+    assert (rl.k3_kl(torch.randn(3, 5), torch.randn(3, 5)) >= 0).all()
+
+
+L = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+M = torch.tensor([[1, 1, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("loss_type, want", [
+    ("grpo", (1.5 + 4.0) / 2),          # per-sequence means (1+2)/2 and 4/1, then their mean
+    ("bnpo", 7 / 3),                    # (1 + 2 + 4) / 3 unmasked tokens
+    ("dapo", 7 / 3),                    # same formula on a single generation batch
+    ("dr_grpo", 7 / (2 * 4)),           # / (B * max_completion_length), max_completion_length = 4
+])
+def test_aggregate_loss_known_values(loss_type, want):
+    assert rl.aggregate_loss(L, M, loss_type, max_completion_length=4).item() == pytest.approx(want)
+
+
+def test_aggregate_loss_empty_sequences():
+    m = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    # grpo: the empty sequence contributes 0 but still counts in the mean over sequences (clamped denominator)
+    assert rl.aggregate_loss(L, m, "grpo").item() == pytest.approx(1.5 / 2)
+    assert rl.aggregate_loss(L, m, "bnpo").item() == pytest.approx(3 / 2)
+    assert rl.aggregate_loss(L, m, "dr_grpo", max_completion_length=3).item() == pytest.approx(3 / 6)
+    nothing = torch.zeros_like(m)
+    for lt in ("grpo", "bnpo", "dapo"):
+        assert rl.aggregate_loss(L, nothing, lt).item() == 0.0
+
+
+def test_errors_are_helpful():
+    with pytest.raises(ValueError, match="not divisible by group_size=4"):
+        rl.group_advantages(torch.ones(7), 4)
+    with pytest.raises(ValueError, match=r"unknown scale 'std'.*'group', 'batch', 'none'"):
+        rl.group_advantages(torch.ones(8), 4, scale="std")
+    with pytest.raises(ValueError, match=r"shape \(N,\)"):
+        rl.group_advantages(torch.ones(2, 4), 4)
+    with pytest.raises(ValueError, match="positive int"):
+        rl.group_advantages(torch.ones(4), 0)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        rl.rloo_advantages(torch.ones(4), 1)
+    with pytest.raises(ValueError, match="not divisible"):
+        rl.rloo_advantages(torch.ones(5), 2)
+    with pytest.raises(ValueError, match=r"unknown loss_type 'ppo'.*'grpo', 'bnpo', 'dr_grpo', 'dapo'"):
+        rl.aggregate_loss(L, M, "ppo")
+    with pytest.raises(ValueError, match="max_completion_length"):
+        rl.aggregate_loss(L, M, "dr_grpo")
+
+
+# ============================================================================= against TRL's GRPOTrainer
+# TRL builds the batch: `_generate_and_score_completions` (generation, rewards, advantages, reference log-probs),
+# called on one generation batch laid out as `RepeatSampler` does (each prompt repeated G times), with
+# gradient_accumulation_steps = steps_per_generation = num_iterations = 1, so TRL's batch is also the micro-batch.
+# TRL's loss is `trainer.compute_loss`; ours recomputes the per-token log-probs from the model's logits and
+# applies utils.rl. The value and the gradient of both are compared, on-policy and with perturbed old log-probs.
+G = 4                      # num_generations
+B = 8                      # per_device_train_batch_size = one generation batch (2 prompts x 4)
+MAX_LEN = 16               # max_completion_length
+EPS, EPS_HIGH = 0.2, 0.28  # epsilon, epsilon_high
+STOP = "\n\n"              # extra stop token, so completions end at varied lengths (some padding in the mask)
+
+
+def length_reward(completions, **kwargs):
+    """Deterministic, varied reward (so advantages are not all zero): characters / 10."""
+    return [len(rewards.completion_text(c)) / 10 for c in completions]
+
+
+def _policy(tok):
+    """The tiny model, slightly perturbed (seeded) so that policy != reference and the KL is not 0."""
+    model, _ = tiny.load()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.model.layers[0].parameters():
+            p.add_(0.005 * torch.randn(p.shape, generator=gen))
+    # stop at "\n\n" as well as at <|im_end|>/<|endoftext|>: TRL reads its eos ids from the generation config
+    (stop_id,) = tok.encode(STOP)
+    model.generation_config.eos_token_id = [*model.generation_config.eos_token_id, stop_id]
+    return model
+
+
+class TRLRig:
+    """GRPOTrainers and generation batches, built lazily and cached (the module fixture shares one rig)."""
+
+    def __init__(self, tmp):
+        _, self.tok = tiny.load()
+        problems = data.make_problems(8, split="train", seed=0)
+        self.dataset = Dataset.from_list([{"prompt": data.to_prompt_messages(p), "answer": p["answer"]}
+                                          for p in problems])
+        self.tmp = tmp
+        self.trainers, self.batches = {}, {}
+
+    def trainer(self, loss_type, beta, temperature=1.0, scale="group", bias_kl=False):
+        key = (loss_type, beta, temperature, scale, bias_kl)
+        if key not in self.trainers:
+            from trl import GRPOConfig, GRPOTrainer
+
+            # CPU, fp32. TRL's configs default to bf16=True and gradient_checkpointing=True; transformers 5.23 reads
+            # the latter as a deprecated alias of activation_checkpointing, so that is the name to turn off.
+            args = GRPOConfig(
+                output_dir=str(self.tmp / "_".join(map(str, key))), use_cpu=True, bf16=False, fp16=False,
+                activation_checkpointing=False, report_to=[], seed=0, per_device_train_batch_size=B,
+                gradient_accumulation_steps=1, num_generations=G, max_completion_length=MAX_LEN,
+                temperature=temperature, loss_type=loss_type, beta=beta, epsilon=EPS, epsilon_high=EPS_HIGH,
+                scale_rewards=scale, use_bias_correction_kl=bias_kl)
+            trainer = GRPOTrainer(model=_policy(self.tok), args=args, train_dataset=self.dataset,
+                                  processing_class=self.tok,
+                                  reward_funcs=[rewards.correctness_reward, rewards.format_reward, length_reward])
+            # what Trainer.train() sets before the first step (gradient_accumulation_steps=1)
+            trainer.model.train()
+            trainer.current_gradient_accumulation_steps = 1
+            self.trainers[key] = trainer
+        return self.trainers[key]
+
+    def batch(self, beta, temperature=1.0, scale="group"):
+        """One generation batch (TRL's own `_generate_and_score_completions`) and its summed rewards, shared by
+        all loss types (generation does not depend on `loss_type`)."""
+        key = (beta, temperature, scale)
+        if key not in self.batches:
+            trainer = self.trainer("dapo", beta, temperature, scale)
+            inputs = [self.dataset[i] for i in range(B // G) for _ in range(G)]   # RepeatSampler's layout
+            torch.manual_seed(0)
+            batch = trainer._generate_and_score_completions(inputs)
+            logged = trainer._logs["rewards"]                                     # this batch's rewards, in order
+            total = torch.tensor([list(logged[name]) for name in trainer.reward_func_names]).sum(0)
+            self.batches[key] = (batch, total)
+        return self.batches[key]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    # One intra-op thread: the tiny model gains nothing from more, and on a busy machine threads waiting for each
+    # other made these tests several times slower. Restored afterwards for the rest of the session.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield TRLRig(tmp_path_factory.mktemp("grpo"))
+    torch.set_num_threads(threads)
+
+
+def completion_logps(model, batch, temperature):
+    """(B, T) log-probs of the completion tokens, from the model's logits scaled by 1/temperature (as TRL does)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    T = batch["completion_ids"].size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, -T - 1:-1].float() / temperature      # logits[:, t] predicts token t + 1
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+# (loss_type, beta, temperature, scale_rewards, use_bias_correction_kl)
+CASES = [(lt, 0.0, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
+    (lt, 0.04, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
+    ("dapo", 0.04, 1.0, "group", True),     # TRL's default: the KL term is weighted by the ratio rho
+    ("grpo", 0.04, 0.7, "group", True),     # temperature scaling of the log-probs (policy and reference)
+    ("bnpo", 0.0, 1.0, "batch", False),     # the other two scale_rewards
+    ("dr_grpo", 0.0, 1.0, "none", False),
+]
+
+
+@pytest.mark.parametrize("loss_type, beta, temperature, scale, bias_kl", CASES)
+def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale, bias_kl):
+    trainer = rig.trainer(loss_type, beta, temperature, scale, bias_kl)
+    batch, total_rewards = rig.batch(beta, temperature, scale)
+    model, mask = trainer.model, batch["completion_mask"]
+
+    # the generation batch: varied lengths (padding in the mask), TRL's advantages = ours from its rewards
+    assert batch["completion_ids"].shape[0] == B and batch["completion_ids"].shape[1] <= MAX_LEN
+    assert mask.sum(-1).min() < mask.sum(-1).max()
+    assert "old_per_token_logps" not in batch                 # num_iterations=1: TRL uses logps.detach()
+    assert batch["num_items_in_batch"].item() == mask.sum().item()
+    adv = rl.group_advantages(total_rewards, G, scale=scale)
+    assert adv.abs().max() > 0.1, "the test needs non-zero advantages"
+    torch.testing.assert_close(batch["advantages"], adv, atol=1e-5, rtol=1e-5)
+
+    logps = completion_logps(model, batch, temperature)
+    ref_logps = None
+    if beta > 0:
+        with torch.no_grad():
+            ref_logps = completion_logps(trainer.ref_model, batch, temperature)
+        torch.testing.assert_close(batch["ref_per_token_logps"] * mask, ref_logps * mask, atol=1e-5, rtol=1e-5)
+
+    def ours(old_logps):
+        per_token = rl.clipped_surrogate(logps, old_logps, batch["advantages"], eps_low=EPS, eps_high=EPS_HIGH)
+        if beta > 0:
+            kl = rl.k3_kl(logps, ref_logps)
+            if bias_kl:  # TRL's use_bias_correction_kl (default True): KL times the unclipped ratio, with gradient
+                kl = kl * torch.exp(logps - old_logps)
+            per_token = per_token + beta * kl                               # added per token, before aggregation
+        return rl.aggregate_loss(per_token, mask, loss_type, max_completion_length=MAX_LEN)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def assert_same_loss_and_grads(trl_loss, our_loss):
+        assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
+        trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
+        our_grads = torch.autograd.grad(our_loss, params, allow_unused=True, materialize_grads=True,
+                                        retain_graph=True)  # `logps` is reused by the next check
+        for g_trl, g_ours in zip(trl_grads, our_grads):
+            torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
+
+    # 1. on-policy (old = logps.detach(), rho = 1): the value is just -A (+ KL), the gradient is the real check
+    assert_same_loss_and_grads(trainer.compute_loss(model, batch), ours(logps.detach()))
+    if beta > 0:
+        kl = rl.masked_mean(rl.k3_kl(logps, ref_logps), mask).item()
+        assert kl > 1e-4, "the test needs policy != reference"
+        assert trainer._metrics["train"]["kl"][-1] == pytest.approx(kl, abs=1e-5)
+
+    # 2. off-policy: old log-probs moved by a fixed random amount, so the clip binds on some tokens
+    #    (zero on padding, as TRL's own log-probs are there)
+    gen = torch.Generator().manual_seed(1)
+    old_logps = (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen)) * mask
+    trl_loss = trainer.compute_loss(model, {**batch, "old_per_token_logps": old_logps})
+    assert_same_loss_and_grads(trl_loss, ours(old_logps))
+    rho = torch.exp(logps.detach() - old_logps)
+    a = batch["advantages"].unsqueeze(1)
+    low, high = (rho < 1 - EPS) & (a < 0), (rho > 1 + EPS_HIGH) & (a > 0)
+    assert (low & mask.bool()).any() and (high & mask.bool()).any(), "the clip must bind on both sides"
+    for name, clipped in [("low_mean", low), ("high_mean", high), ("region_mean", low | high)]:
+        assert trainer._metrics["train"][f"clip_ratio/{name}"][-1] == pytest.approx(
+            rl.masked_mean(clipped.float(), mask).item(), abs=1e-6)
+    # and the clip changes the surrogate: the unclipped ratio gives another value
+    clipped = rl.aggregate_loss(rl.clipped_surrogate(logps.detach(), old_logps, a, EPS, EPS_HIGH), mask, loss_type,
+                                max_completion_length=MAX_LEN)
+    unclipped = rl.aggregate_loss(-rho * a, mask, loss_type, max_completion_length=MAX_LEN)
+    assert abs(unclipped.item() - clipped.item()) > 1e-3

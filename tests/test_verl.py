@@ -1,0 +1,309 @@
+"""Scale-out to verl: our parquet, reward module and main_ppo command, accepted by verl's own code.
+
+The fast tests check ``utils.verl_export`` in the lesson venv. The ``slow`` ones build a second
+virtual environment, ``.venv-verl/`` (gitignored; reused while its stamp matches
+``tests/verl/requirements.txt``), with verl and the few libraries its data and reward code
+import, and run ``tests/verl/check_verl.py`` there: verl's ``main_ppo`` entry point parses and
+validates our command, verl's ``RLHFDataset`` loads our parquet with the tiny model's tokenizer,
+and verl's custom-reward loading and reward manager score completions exactly as the TRL
+rewards of the GRPO lesson do. If the verl venv cannot be installed the tests FAIL (no skip).
+Set ``VERL_VENV=/path`` to keep the venv elsewhere.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from utils import data, rewards, verl_export  # noqa: E402
+
+VERL_DIR = ROOT / "tests" / "verl"
+REQUIREMENTS = VERL_DIR / "requirements.txt"
+CHECKER = VERL_DIR / "check_verl.py"
+VENV = Path(os.environ.get("VERL_VENV", ROOT / ".venv-verl"))
+TINY = ROOT / "utils" / "assets" / "tiny-qwen"
+INSTALL_TIMEOUT = 1500   # seconds; about 35-60 s on 2 cores
+CHECK_TIMEOUT = 300      # seconds; about 8 s
+
+N_TRAIN, N_TEST = 6, 3
+# Completions scored by verl's loaded compute_score and by our TRL rewards; {gt} is the problem's
+# final answer, {wrong} another number, {answer} the reference worked answer.
+COMPLETIONS = [
+    "{answer}",                                         # correct, well formatted
+    "Let me add them up: the answer is {gt}.",          # correct, loose format
+    "Some working.\n#### {wrong}",                      # wrong, well formatted
+    "I think it is {wrong}",                            # wrong, loose
+    "Some working.\n#### {gt}\nQuestion: and then?\n#### {wrong}",  # rambles past its answer
+    "#### banana",                                      # garbage
+    "",                                                 # empty
+    "\u6570\u5b66 \u2212 \U0001F600 " * 20_000 + "\n#### {gt}",     # huge unicode, then the answer
+]
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # as presets
+# Completions pushed through verl's reward manager as token ids ({ground_truth} from the row).
+MANAGER_TEMPLATES = ["Adding up.\n#### {ground_truth}", "It is {ground_truth}.",
+                     "Adding up.\n#### 100000", "no idea"]
+
+
+# ----------------------------------------------------------------------------- helpers
+def trl_reward(completion: str, answer: str) -> float:
+    """What GRPOTrainer(reward_funcs=[correctness_reward, format_reward]) gives one completion."""
+    return (rewards.correctness_reward(completions=[completion], answer=[answer])[0]
+            + rewards.format_reward(completions=[completion])[0])
+
+
+def problems():
+    """A few train and test problems; one extra train problem too long for max_prompt_length."""
+    train = data.make_problems(N_TRAIN, "train", seed=3)
+    test = data.make_problems(N_TEST, "test", seed=3)
+    long = dict(train[0], question=" ".join([train[0]["question"]] * 30))
+    return train + [long], test
+
+
+def stamp() -> str:
+    """Identifies a verl venv: the requirements file and the interpreter that built it."""
+    h = hashlib.sha256(REQUIREMENTS.read_bytes())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def verl_env() -> dict:
+    """Environment for the verl venv's python: offline, scratch caches, no repository on the path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1", RAY_USAGE_STATS_ENABLED="0")
+    return env
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def verl_python() -> Path:
+    """Python of the verl venv, created (or reused when its stamp matches) from tests/verl/requirements.txt.
+
+    ``pip install --no-deps``: the requirements file is the complete frozen environment.
+    ``--no-compile`` halves the install; the checker then caches the bytecode of what it imports
+    (PYTHONDONTWRITEBYTECODE is lifted for that venv only).
+    """
+    python, stamp_file = VENV / "bin" / "python", VENV / ".installed"
+    if python.exists() and stamp_file.exists() and stamp_file.read_text() == stamp():
+        return python
+    shutil.rmtree(VENV, ignore_errors=True)
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
+    log = VENV / "install.log"
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
+                                 "--no-deps", "--no-compile", "-r", str(REQUIREMENTS)],
+                                stdout=f, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        pytest.fail(f"installing the verl venv failed (pip: {rc}); last lines of {log}:\n{tail}",
+                    pytrace=False)
+    stamp_file.write_text(stamp())
+    print(f"\nverl venv installed in {time.time() - t0:.0f} s at {VENV}")
+    return python
+
+
+@pytest.fixture(scope="module")
+def verl_check(verl_python, tmp_path_factory):
+    """Export, build the commands, run tests/verl/check_verl.py in the verl venv; returns its findings."""
+    tmp = tmp_path_factory.mktemp("verl")
+    train, test = problems()
+    paths = verl_export.export_parquet(train, test, tmp / "export", data_source=verl_export.SYNTHETIC_SOURCE)
+    command = verl_export.main_ppo_command(
+        str(TINY), tmp / "export", n_gpus=1, train_batch_size=4, num_generations=4,
+        micro_batch_size_per_gpu=2, max_prompt_length=128, max_response_length=96,
+        learning_rate=1e-6, epochs=1, experiment_name="tiny-check")
+    lora_command = verl_export.main_ppo_command(
+        "Qwen/Qwen3-1.7B-Base", "/data/gsm8k", n_gpus=8, nnodes=2, train_batch_size=256,
+        mini_batch_size=64, num_generations=8, learning_rate=5e-6, beta=0.001, lora_r=32, lora_alpha=64,
+        lora_target_modules=LORA_TARGETS, max_steps=200, extra={"trainer.resume_mode": "disable"})
+    rows = [verl_export.to_verl_row(p, "test", i, data_source=verl_export.SYNTHETIC_SOURCE)
+            for i, p in enumerate(test)]
+    cases, expected = [], []
+    for p, row in zip(test, rows):
+        gt = data.final_answer(p["answer"])
+        for c in COMPLETIONS:
+            text = c.format(answer=p["answer"], gt=gt, wrong=int(gt) + 1)
+            cases.append({"data_source": row["data_source"], "solution_str": text,
+                          "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row["extra_info"]})
+            expected.append(trl_reward(text, p["answer"]))
+    spec = {"command": command, "more_commands": [lora_command], "cases": cases,
+            "manager_templates": MANAGER_TEMPLATES, "hydra_dir": str(tmp / "hydra")}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    work = tmp / "work"   # cwd without the repository: reward.py must stand alone
+    work.mkdir()
+    env = verl_env()
+    env["HF_DATASETS_CACHE"] = str(tmp / "hf-datasets")
+    t0 = time.time()
+    try:
+        proc = subprocess.run([str(verl_python), str(CHECKER), str(tmp / "spec.json"), str(tmp / "out.json")],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"check_verl.py timed out after {CHECK_TIMEOUT} s:\n{(e.stderr or '')[-3000:]}", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"check_verl.py failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}",
+                    pytrace=False)
+    out = json.loads((tmp / "out.json").read_text())
+    out["wall_seconds"] = time.time() - t0
+    return {"out": out, "train": train, "test": test, "paths": paths, "command": command,
+            "lora_command": lora_command, "expected": expected, "cases": cases}
+
+
+# ----------------------------------------------------------------------------- fast: utils.verl_export
+def test_row_matches_verl_gsm8k_schema():
+    p = {"question": "Tom has 1,200 apples. How many?", "answer": "He has 1,200.\n#### 1,200"}
+    row = verl_export.to_verl_row(p, "train", 7)
+    assert row == {
+        "data_source": "openai/gsm8k",
+        "prompt": data.to_prompt_messages(p),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "1200"},
+        "extra_info": {"split": "train", "index": 7, "answer": p["answer"], "question": p["question"]},
+    }
+    with_sys = verl_export.to_verl_row(p, "test", 0, data_source="synthetic-arithmetic", system="Be brief.",
+                                       instruction=verl_export.VERL_GSM8K_INSTRUCTION)
+    assert with_sys["prompt"] == [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": p["question"] + " " + verl_export.VERL_GSM8K_INSTRUCTION}]
+    assert with_sys["extra_info"]["question"] == p["question"]
+    assert verl_export.data_source_for("synthetic") == "synthetic-arithmetic"
+    assert verl_export.data_source_for("openai/gsm8k") == "openai/gsm8k"
+
+
+def test_export_parquet_writes_data_and_a_standalone_reward(tmp_path):
+    import pyarrow.parquet as pq
+
+    train, test = data.make_problems(5, "train"), data.make_problems(2, "test")
+    paths = verl_export.export_parquet(train, test, tmp_path / "out")
+    assert set(paths) == {"train", "test", "reward"}
+    for split, probs in (("train", train), ("test", test)):
+        rows = pq.read_table(paths[split]).to_pylist()
+        assert rows == [verl_export.to_verl_row(p, split, i) for i, p in enumerate(probs)]
+    reward = paths["reward"].read_text()
+    assert reward == (ROOT / "utils" / "rewards.py").read_text()
+    imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(reward)) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(ast.parse(reward))
+                 if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    with pytest.raises(ValueError):
+        verl_export.export_parquet(train, [], tmp_path / "empty")
+
+
+def test_command_shape_and_options(tmp_path):
+    cmd = verl_export.main_ppo_command("Qwen/Qwen2.5-0.5B-Instruct", tmp_path, num_generations=6,
+                                       learning_rate=3e-6, n_gpus=2)
+    argv = shlex.split(cmd.replace("\\\n", " "))
+    assert argv[:4] == ["python", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo"]
+    assert argv == shlex.split(verl_export.main_ppo_command("Qwen/Qwen2.5-0.5B-Instruct", tmp_path,
+                                                            num_generations=6, learning_rate=3e-6, n_gpus=2,
+                                                            multiline=False))
+    ov = dict(a.split("=", 1) for a in argv[3:])
+    assert len(ov) == len(argv) - 3, "a key is set twice"
+    assert ov["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-0.5B-Instruct"      # Hub id kept as is
+    assert ov["data.train_files"] == str(tmp_path.resolve() / "train.parquet")
+    assert ov["reward.custom_reward_function.path"] == str(tmp_path.resolve() / "reward.py")
+    assert ov["reward.custom_reward_function.name"] == "compute_score"
+    assert ov["actor_rollout_ref.rollout.n"] == "6"
+    assert ov["actor_rollout_ref.actor.optim.lr"] == "3e-06"
+    assert ov["actor_rollout_ref.actor.use_kl_loss"] == "False"                      # beta=0: no reference
+    assert ov["trainer.n_gpus_per_node"] == "2"
+    assert ov["trainer.logger"] == "[console]"
+    assert not any(k.startswith("actor_rollout_ref.model.lora_") and k != "actor_rollout_ref.model.lora_rank"
+                   for k in ov)
+    lora = dict(a.split("=", 1) for a in verl_export.main_ppo_overrides(
+        "m", "/d", lora_r=16, beta=0.04, reward_path="/r/reward.py", max_steps=5, extra=["x.y=1"]))
+    assert lora["actor_rollout_ref.model.lora_rank"] == "16"
+    assert lora["actor_rollout_ref.model.lora_alpha"] == "32"
+    assert lora["actor_rollout_ref.model.target_modules"] == "all-linear"
+    assert lora["actor_rollout_ref.rollout.load_format"] == "safetensors"
+    assert lora["actor_rollout_ref.actor.use_kl_loss"] == "True"
+    assert lora["actor_rollout_ref.actor.kl_loss_coef"] == "0.04"
+    assert lora["reward.custom_reward_function.path"] == "/r/reward.py"
+    assert lora["trainer.total_training_steps"] == "5"
+    assert lora["x.y"] == "1"
+
+
+# ----------------------------------------------------------------------------- slow: verl's own code
+@pytest.mark.slow
+def test_verl_main_ppo_accepts_our_commands(verl_check):
+    out = verl_check["out"]
+    assert out["verl_version"] == "0.9.1"
+    assert out["missing_keys"] == [], "override keys not in verl's ppo_trainer config"
+    assert "TaskRunnerV1" in out["runner"]       # main() validated the config and reached run_ppo
+    cfg = out["config"]
+    assert cfg["algorithm.adv_estimator"] == "grpo"
+    assert cfg["reward.custom_reward_function.path"] == str(verl_check["paths"]["reward"].resolve())
+    assert cfg["data.train_files"] == str(verl_check["paths"]["train"].resolve())
+    assert cfg["actor_rollout_ref.rollout.n"] == 4
+    assert cfg["actor_rollout_ref.actor.optim.lr"] == 1e-6
+    assert cfg["trainer.logger"] == ["console"]
+    (lora,) = out["more_commands"]
+    assert lora["missing_keys"] == []
+    assert lora["config"]["actor_rollout_ref.model.lora_rank"] == 32
+    assert lora["config"]["actor_rollout_ref.model.target_modules"] == LORA_TARGETS
+    assert lora["config"]["actor_rollout_ref.actor.use_kl_loss"] is True
+    assert lora["config"]["trainer.nnodes"] == 2
+    print("\n" + verl_check["command"])
+
+
+@pytest.mark.slow
+def test_verl_rlhf_dataset_loads_our_parquet(verl_check):
+    from transformers import AutoTokenizer
+
+    out, train, test = verl_check["out"], verl_check["train"], verl_check["test"]
+    tok = AutoTokenizer.from_pretrained(TINY)
+    assert out["model_type"] == "qwen3" and out["builder"] == "QwenContinuousTokenBuilder"
+    # filter_overlong_prompts=True: verl drops (does not truncate) the prompt over max_prompt_length
+    assert out["data"]["train"]["len"] == N_TRAIN and out["data"]["test"]["len"] == N_TEST
+    for split, probs in (("train", train[:N_TRAIN]), ("test", test)):
+        got = out["data"][split]
+        assert got["class"] == "RLHFDataset"
+        for i, (p, item) in enumerate(zip(probs, got["items"])):
+            messages = data.to_prompt_messages(p)
+            assert item["raw_prompt"] == messages                       # what the agent loop renders
+            assert item["data_source"] == verl_export.SYNTHETIC_SOURCE
+            assert item["ability"] == "math"
+            assert item["reward_model"] == {"style": "rule", "ground_truth": data.final_answer(p["answer"])}
+            assert item["extra_info"] == {"split": split, "index": i, "answer": p["answer"],
+                                          "question": p["question"]}
+            assert item["index"] == i
+            # verl tokenizes the prompt as the TRL lesson does (transformers 5.9 there, ours here)
+            want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            assert item["prompt_text"] == want
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            assert item["prompt_ids"] == list(ids)
+
+
+@pytest.mark.slow
+def test_verl_custom_reward_scores_like_trl(verl_check):
+    out, expected = verl_check["out"], verl_check["expected"]
+    assert "compute_score" in out["reward_fn"]
+    assert out["scores"] == expected
+    assert {0.0, 1.0, 2.0} <= set(expected)                             # the cases are not all alike
+    # verl's naive reward manager, from token ids in a DataProto built from RLHFDataset items
+    assert out["reward_manager"] == "NaiveRewardManager"
+    want_texts, want_scores = [], []
+    for p in verl_check["test"]:
+        for t in MANAGER_TEMPLATES:
+            text = t.format(ground_truth=data.final_answer(p["answer"]))
+            want_texts.append(text)
+            want_scores.append(trl_reward(text, p["answer"]))
+    assert out["manager_response_texts"] == want_texts
+    assert out["manager_scores"] == want_scores
+    assert out["wall_seconds"] < 120, f"check_verl.py took {out['wall_seconds']:.0f} s"

@@ -1,0 +1,260 @@
+"""Scale-out to verl: the task as verl RL data, a reward module, and the ``main_ppo`` command.
+
+verl (https://github.com/volcengine/verl) trains GRPO with Ray, FSDP and vLLM on many GPUs.
+It needs three things from us, all produced here without importing verl:
+
+* ``train.parquet`` / ``test.parquet`` in verl's RL dataset schema, one row per problem,
+  exactly as verl's own ``examples/data_preprocess/gsm8k.py`` writes GSM8K::
+
+      data_source   "openai/gsm8k" (or "synthetic-arithmetic"); verl groups metrics by it
+      prompt        chat messages, [{"role": "user", "content": question}]
+      ability       "math"
+      reward_model  {"style": "rule", "ground_truth": "72"}
+      extra_info    {"split": "train", "index": 0, "answer": <worked answer>, "question": <question>}
+
+  The prompt is exactly :func:`utils.data.to_prompt_messages`, so the verl run sees the same
+  prompt as the TRL lesson; verl applies the model's chat template itself (at rollout).
+* ``reward.py`` next to the data: a copy of :mod:`utils.rewards` (standard library only), whose
+  ``compute_score(data_source, solution_str, ground_truth, extra_info)`` is the sum of the TRL
+  rewards ``correctness_reward + format_reward``. The folder can be copied to a cluster as is.
+* the ``python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo ...`` command line
+  (:func:`main_ppo_command`), every key checked against verl's config by ``tests/test_verl.py``.
+
+Written and tested against verl 0.9.1 (``tests/verl/requirements.txt``). In that version the
+custom reward is ``reward.custom_reward_function.path``: the older top-level
+``custom_reward_function.path`` still parses but ``main_ppo`` no longer reads it.
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from . import data
+
+GSM8K_SOURCE = "openai/gsm8k"                # verl's name for GSM8K (its built-in scorer keys on it)
+SYNTHETIC_SOURCE = "synthetic-arithmetic"    # our generated problems (utils.data.make_problems)
+ABILITY = "math"
+REWARD_FILE = Path(__file__).resolve().parent / "rewards.py"
+REWARD_FN = "compute_score"
+
+# What verl's gsm8k example appends to every question. Off by default: the lessons' models
+# were trained on the bare question, and the TRL lesson prompts with the bare question.
+VERL_GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def data_source_for(dataset: str) -> str:
+    """verl ``data_source`` for a preset's ``dataset`` (``"synthetic"`` or a GSM8K source)."""
+    return SYNTHETIC_SOURCE if dataset == "synthetic" else GSM8K_SOURCE
+
+
+def to_verl_row(problem: dict, split: str, index: int, data_source: str = GSM8K_SOURCE,
+                system: str | None = None, instruction: str | None = None) -> dict:
+    """One problem as a row of verl's RL dataset (the schema of verl's ``gsm8k.py`` example).
+
+    Args:
+        problem: ``{"question", "answer"}`` in GSM8K schema (answer ends with ``#### N``).
+        split: ``"train"`` or ``"test"``, stored in ``extra_info``.
+        index: position in the split, stored in ``extra_info`` (verl reads it as the row id).
+        data_source: ``GSM8K_SOURCE`` or ``SYNTHETIC_SOURCE`` (see :func:`data_source_for`).
+        system: optional system message, as in :func:`utils.data.to_prompt_messages`.
+        instruction: optional text appended to the question after a space (e.g.
+            ``VERL_GSM8K_INSTRUCTION``); None keeps the lesson's prompt unchanged.
+    Returns:
+        ``{"data_source", "prompt", "ability", "reward_model", "extra_info"}``; the ground truth
+        is the final number with thousands separators removed (``"1,234"`` -> ``"1234"``), as verl does.
+    """
+    asked = problem if instruction is None else {**problem, "question": f"{problem['question']} {instruction}"}
+    return {
+        "data_source": data_source,
+        "prompt": data.to_prompt_messages(asked, system=system),
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": data.final_answer(problem["answer"]).replace(",", "")},
+        "extra_info": {"split": split, "index": int(index),
+                       "answer": problem["answer"], "question": problem["question"]},
+    }
+
+
+def export_parquet(train_problems: Iterable[dict], test_problems: Iterable[dict], out_dir,
+                   data_source: str = GSM8K_SOURCE, system: str | None = None,
+                   instruction: str | None = None) -> dict[str, Path]:
+    """Write ``train.parquet``, ``test.parquet`` and ``reward.py`` into ``out_dir``.
+
+    ``reward.py`` is a copy of ``utils/rewards.py`` (standard library only), so ``out_dir`` is
+    self-contained: copy it to a cluster and point ``data.train_files``, ``data.val_files`` and
+    ``reward.custom_reward_function.path`` at it (:func:`main_ppo_command` does).
+
+    Returns:
+        ``{"train": Path, "test": Path, "reward": Path}``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, problems in (("train", train_problems), ("test", test_problems)):
+        rows = [to_verl_row(p, split, i, data_source=data_source, system=system, instruction=instruction)
+                for i, p in enumerate(problems)]
+        if not rows:
+            raise ValueError(f"no {split} problems to export")
+        paths[split] = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), paths[split])
+    paths["reward"] = out / "reward.py"
+    shutil.copyfile(REWARD_FILE, paths["reward"])
+    return paths
+
+
+def _local(path) -> str:
+    """An existing local path made absolute (verl's Ray workers may run elsewhere); anything
+    else (a Hub model id, a path on the cluster) as given."""
+    p = Path(str(path)).expanduser()
+    return str(p.resolve()) if p.exists() else str(path)
+
+
+def _value(v) -> str:
+    """A Python value in Hydra override syntax (``True``, ``1e-06``, ``[a,b]``)."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    return str(v)
+
+
+def main_ppo_overrides(
+    model: str,
+    data_dir,
+    *,
+    reward_path=None,
+    n_gpus: int = 1,
+    nnodes: int = 1,
+    train_batch_size: int = 64,
+    mini_batch_size: int | None = None,
+    micro_batch_size_per_gpu: int = 8,
+    num_generations: int = 8,
+    max_prompt_length: int = 512,
+    max_response_length: int = 512,
+    learning_rate: float = 1e-6,
+    beta: float = 0.0,
+    epochs: int = 1,
+    max_steps: int | None = None,
+    temperature: float = 1.0,
+    lora_r: int = 0,
+    lora_alpha: int | None = None,
+    lora_target_modules=None,
+    rollout: str = "vllm",
+    tensor_parallel: int = 1,
+    gpu_memory_utilization: float = 0.5,
+    gradient_checkpointing: bool = True,
+    project_name: str = "post-training-course",
+    experiment_name: str = "grpo",
+    logger: Iterable[str] = ("console",),
+    test_freq: int = 10,
+    save_freq: int = -1,
+    val_before_train: bool = True,
+    extra: Mapping | Iterable[str] | None = None,
+) -> list[str]:
+    """The Hydra overrides of :func:`main_ppo_command`, as ``key=value`` strings (unquoted).
+
+    Argument names follow the TRL lesson; the verl key each one sets:
+
+    ============================  =====================================================
+    model                         ``actor_rollout_ref.model.path`` (Hub id or local dir)
+    data_dir                      ``data.train_files`` / ``data.val_files`` (``{train,test}.parquet``)
+    reward_path                   ``reward.custom_reward_function.path`` (default ``data_dir/reward.py``)
+    n_gpus, nnodes                ``trainer.n_gpus_per_node``, ``trainer.nnodes``
+    train_batch_size              ``data.train_batch_size``: prompts per step
+    num_generations               ``actor_rollout_ref.rollout.n``: completions per prompt (the group)
+    mini_batch_size               ``actor.ppo_mini_batch_size`` in prompts (default: the whole
+                                  batch, one update per step = on-policy, as TRL's default)
+    micro_batch_size_per_gpu      ``actor.ppo_micro_batch_size_per_gpu`` (sequences per forward);
+                                  also the log-prob micro batch of rollout and reference
+    max_prompt_length             ``data.max_prompt_length`` (longer prompts are dropped:
+                                  ``data.filter_overlong_prompts=True``)
+    max_response_length           ``data.max_response_length`` (TRL: ``max_completion_length``)
+    learning_rate                 ``actor.optim.lr``
+    beta                          KL to the reference as a loss term: ``actor.use_kl_loss`` (beta > 0)
+                                  and ``actor.kl_loss_coef``; 0 needs no reference model
+    epochs, max_steps             ``trainer.total_epochs``, ``trainer.total_training_steps``
+    temperature                   ``actor_rollout_ref.rollout.temperature``
+    lora_r, lora_alpha,           ``actor_rollout_ref.model.lora_rank`` (0 = full fine-tune),
+    lora_target_modules           ``.lora_alpha``, ``.target_modules`` (default ``all-linear``)
+    rollout                       ``actor_rollout_ref.rollout.name``: ``vllm`` or ``sglang``
+    extra                         further overrides, ``{"key": value}`` or ``["key=value", ...]``
+    ============================  =====================================================
+    """
+    data_dir = _local(data_dir)
+    reward_path = _local(reward_path) if reward_path is not None else str(Path(data_dir) / "reward.py")
+    mini_batch_size = train_batch_size if mini_batch_size is None else mini_batch_size
+    ov = {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": False,
+        "data.train_files": str(Path(data_dir) / "train.parquet"),
+        "data.val_files": str(Path(data_dir) / "test.parquet"),
+        "data.prompt_key": "prompt",
+        "data.train_batch_size": train_batch_size,
+        "data.max_prompt_length": max_prompt_length,
+        "data.max_response_length": max_response_length,
+        "data.filter_overlong_prompts": True,
+        "data.truncation": "error",
+        "actor_rollout_ref.model.path": _local(model),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": gradient_checkpointing,
+        "actor_rollout_ref.model.lora_rank": lora_r,
+    }
+    if lora_r > 0:
+        ov["actor_rollout_ref.model.lora_alpha"] = lora_alpha if lora_alpha is not None else 2 * lora_r
+        ov["actor_rollout_ref.model.target_modules"] = lora_target_modules or "all-linear"
+    ov.update({
+        "actor_rollout_ref.actor.optim.lr": learning_rate,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": mini_batch_size,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro_batch_size_per_gpu,
+        "actor_rollout_ref.actor.use_kl_loss": beta > 0,
+        "actor_rollout_ref.actor.kl_loss_coef": beta,
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff": 0,
+        "actor_rollout_ref.rollout.name": rollout,
+        "actor_rollout_ref.rollout.n": num_generations,
+        "actor_rollout_ref.rollout.temperature": temperature,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": tensor_parallel,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": gpu_memory_utilization,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro_batch_size_per_gpu,
+    })
+    if lora_r > 0:
+        ov["actor_rollout_ref.rollout.load_format"] = "safetensors"  # verl's LoRA recipe
+    ov["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = micro_batch_size_per_gpu
+    ov.update({
+        "reward.custom_reward_function.path": reward_path,
+        "reward.custom_reward_function.name": REWARD_FN,
+        "trainer.logger": list(logger),
+        "trainer.project_name": project_name,
+        "trainer.experiment_name": experiment_name,
+        "trainer.n_gpus_per_node": n_gpus,
+        "trainer.nnodes": nnodes,
+        "trainer.total_epochs": epochs,
+        "trainer.test_freq": test_freq,
+        "trainer.save_freq": save_freq,
+        "trainer.val_before_train": val_before_train,
+    })
+    if max_steps is not None:
+        ov["trainer.total_training_steps"] = max_steps
+    out = [f"{k}={_value(v)}" for k, v in ov.items()]
+    if isinstance(extra, Mapping):
+        out += [f"{k}={_value(v)}" for k, v in extra.items()]
+    elif extra is not None:
+        out += list(extra)
+    return out
+
+
+def main_ppo_command(model: str, data_dir, *, multiline: bool = True, python: str = "python",
+                     **kwargs) -> str:
+    """The shell command that runs GRPO on the exported data with verl.
+
+    ``python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_files=... \\``
+    with one override per line (``multiline=False``: one line). Arguments as in
+    :func:`main_ppo_overrides`. Values are shell-quoted where needed; ``shlex.split`` of the
+    result gives back the argv verl's Hydra parses.
+    """
+    parts = [python, "-m", "verl.trainer.main_ppo"] + main_ppo_overrides(model, data_dir, **kwargs)
+    quoted = [shlex.quote(p) for p in parts]
+    if not multiline:
+        return " ".join(quoted)
+    return " ".join(quoted[:3]) + " \\\n" + " \\\n".join("    " + q for q in quoted[3:])
