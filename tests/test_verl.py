@@ -1,7 +1,7 @@
 """Scale-out to verl: our parquet, reward module and main_ppo command, accepted by verl's own code.
 
 The fast tests check ``utils.verl_export`` in the lesson venv. The ``slow`` ones build a second
-virtual environment, ``.venv-verl/`` (gitignored; reused while its stamp matches
+virtual environment outside the repository, ``~/.cache/post-training-course/verl-venv/`` (reused while its stamp matches
 ``tests/verl/requirements.txt``), with verl and the few libraries its data and reward code
 import, and run ``tests/verl/check_verl.py`` there: verl's ``main_ppo`` entry point parses and
 validates our command, verl's ``RLHFDataset`` loads our parquet with the tiny model's tokenizer,
@@ -32,7 +32,7 @@ from utils import data, rewards, verl_export  # noqa: E402
 VERL_DIR = ROOT / "tests" / "verl"
 REQUIREMENTS = VERL_DIR / "requirements.txt"
 CHECKER = VERL_DIR / "check_verl.py"
-VENV = Path(os.environ.get("VERL_VENV", ROOT / ".venv-verl"))
+VENV = Path(os.environ.get("VERL_VENV", Path.home() / ".cache" / "post-training-course" / "verl-venv"))
 TINY = ROOT / "utils" / "assets" / "tiny-qwen"
 INSTALL_TIMEOUT = 1500   # seconds; about 35-60 s on 2 cores
 CHECK_TIMEOUT = 300      # seconds; about 8 s
