@@ -69,7 +69,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01', '02', '03'"):
+    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04'"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 
@@ -184,7 +184,12 @@ def test_every_preset_defines_every_lesson_key(lesson_id):
         assert set(lesson) == keys, (name, keys ^ set(lesson))
         assert lesson["dataset"] == ("synthetic" if name == "tiny" else "openai/gsm8k")
         assert lesson["difficulty"] in (1, 2, 3, "mixed")
-        assert lesson["max_new_tokens"] < lesson["max_length"] or name == "tiny"
+        if "max_new_tokens" in lesson:
+            assert lesson["max_new_tokens"] < lesson["max_length"] or name == "tiny"
+        if lesson_id == "04":   # one optimizer step = one generation batch of whole groups (on-policy)
+            assert lesson["batch_size"] * lesson["grad_accum"] == lesson["prompts_per_step"] * lesson["num_generations"]
+            assert lesson["num_generations"] in lesson["sweep_generations"]
+            assert lesson["temperature"] in lesson["sweep_temperatures"]
     assert presets.PRESETS["tiny"]["needs_gpu"] is False
     assert all(spec["needs_gpu"] for name, spec in presets.PRESETS.items() if name != "tiny")
 

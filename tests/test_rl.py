@@ -322,3 +322,33 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
                                 max_completion_length=MAX_LEN)
     unclipped = rl.aggregate_loss(-rho * a, mask, loss_type, max_completion_length=MAX_LEN)
     assert abs(unclipped.item() - clipped.item()) > 1e-3
+
+
+# ============================================================================= GRPOConfig from a preset
+def test_grpo_config_follows_the_preset(tmp_path):
+    from utils import presets
+
+    cfg = presets.resolve("tiny", lesson="04")
+    args = rl.grpo_config(cfg, tmp_path)
+    assert (args.num_generations, args.temperature, args.beta, args.loss_type) == (
+        cfg.num_generations, cfg.temperature, cfg.beta, cfg.loss_type)
+    assert args.max_completion_length == cfg.max_completion_length and args.max_steps == cfg.max_steps
+    assert args.bf16 is False and args.fp16 is False, "precision follows the preset, not TRL's bf16=True default"
+    assert args.use_vllm is False
+    # one optimizer step consumes one generation batch of whole groups
+    assert args.generation_batch_size == cfg.prompts_per_step * cfg.num_generations
+    assert args.steps_per_generation == args.gradient_accumulation_steps
+    assert rl.grpo_config(cfg, tmp_path, beta=0.0, max_steps=3).beta == 0.0
+
+
+def test_grpo_config_rejects_inconsistent_sizes_and_missing_vllm(tmp_path, monkeypatch):
+    import importlib.util
+
+    from utils import presets
+
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        rl.grpo_config(presets.resolve("tiny", lesson="04", prompts_per_step=3), tmp_path)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    with pytest.raises(ImportError, match="pip install vllm"):
+        rl.grpo_config(presets.resolve("tiny", lesson="04", use_vllm=True), tmp_path)

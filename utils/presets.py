@@ -46,6 +46,12 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "learning_rate", "max_steps", "warmup_ratio", "beta", "betas", "use_lora", "lora_r", "lora_alpha",
            "lora_dropout", "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps",
            "logging_steps"),
+    "04": ("model", "dataset", "difficulty", "sft_steps", "n_train", "n_test", "num_generations", "prompts_per_step",
+           "batch_size", "grad_accum", "temperature", "max_completion_length", "learning_rate", "max_steps",
+           "warmup_ratio", "beta", "loss_type", "use_lora", "lora_r", "lora_alpha", "lora_dropout",
+           "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps",
+           "use_vllm", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
+           "sweep_generations", "sweep_temperatures"),
 }
 
 # Overrides accepted by resolve() for every lesson, besides the lesson's own keys.
@@ -82,6 +88,40 @@ _GPU_02 = {
     "save_steps": 100,
     "logging_steps": 10,
     "eval_steps": 50,
+}
+_GPU_04 = {
+    "dataset": GSM8K,
+    "difficulty": "mixed",
+    "sft_steps": 300,             # lesson 01's recipe, shortened: the format, not the last point of accuracy
+    "n_train": 7473,              # prompt pool for RL (GSM8K train)
+    "n_test": 1319,
+    "num_generations": 8,
+    "prompts_per_step": 16,       # generation batch = 16 x 8 = 128 completions per optimizer step
+    "batch_size": 16,             # completions per forward/backward (TRL's per_device_train_batch_size)
+    "grad_accum": 8,              # 16 x 8 = 128 = one generation batch per optimizer step (on-policy)
+    "temperature": 1.0,
+    "max_completion_length": 256,
+    "learning_rate": 1e-5,        # LoRA adapters
+    "max_steps": 200,
+    "warmup_ratio": 0.0,
+    "beta": 0.04,
+    "loss_type": "dapo",
+    "use_lora": True,             # beta > 0: the reference is the model with its adapter disabled
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,
+    "lora_target_modules": QWEN_LORA_TARGETS,
+    "eval_batch_size": 64,
+    "gradient_checkpointing": True,
+    "save_steps": 50,
+    "logging_steps": 5,
+    "use_vllm": False,            # vLLM is not in the pinned requirements: pip install vllm, then USE_VLLM=True
+    "hack_steps": 30,
+    "hack_learning_rate": 5e-5,   # 5x the real run: the exploit shows within a few dozen steps
+    "sampled_eval_prompts": 200,
+    "sweep_prompts": 64,
+    "sweep_generations": [2, 4, 8, 16],
+    "sweep_temperatures": [0.7, 1.0, 1.3],
 }
 _GPU_03 = {
     "dataset": GSM8K,
@@ -120,7 +160,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -203,6 +243,41 @@ PRESETS: dict[str, dict] = {
                 "save_steps": 0,
                 "logging_steps": 5,
             },
+            "04": {
+                "model": str(TINY_MODEL_DIR),
+                "dataset": "synthetic",
+                "difficulty": "mixed",
+                "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
+                "n_train": 4000,            # RL prompt pool
+                "n_test": 500,
+                "num_generations": 8,
+                "prompts_per_step": 16,
+                "batch_size": 128,          # completions per step: one generation batch, one optimizer step
+                "grad_accum": 1,
+                "temperature": 1.0,
+                "max_completion_length": 80,
+                "learning_rate": 1e-3,      # LoRA adapters on a 1.7 M model; 1e-2 makes it never stop
+                "max_steps": 27,
+                "warmup_ratio": 0.0,
+                "beta": 0.04,
+                "loss_type": "dapo",        # TRL's default
+                "use_lora": True,           # the reference for beta > 0 is the model with its adapter disabled
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.0,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 250,
+                "gradient_checkpointing": False,
+                "save_steps": 0,
+                "logging_steps": 1,
+                "use_vllm": False,
+                "hack_steps": 15,
+                "hack_learning_rate": 3e-3,  # 3x the real run: the exploit shows within seconds
+                "sampled_eval_prompts": 150,
+                "sweep_prompts": 32,
+                "sweep_generations": [2, 4, 8, 16],
+                "sweep_temperatures": [0.7, 1.0, 1.3],
+            },
         },
     },
     "t4-16g": {
@@ -239,6 +314,8 @@ PRESETS: dict[str, dict] = {
             "02": {**_GPU_02, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "batch_size": 8,
                    "packed_batch_size": 3, "grad_accum": 4, "lora_r": 16, "lora_alpha": 32, "eval_batch_size": 32},
             "03": {**_GPU_03, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32},
+            "04": {**_GPU_04, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32,
+                   "prompts_per_step": 8, "batch_size": 8, "grad_accum": 8},
         },
     },
     "24g": {
@@ -274,6 +351,7 @@ PRESETS: dict[str, dict] = {
             },
             "02": {**_GPU_02, "model": "Qwen/Qwen3-1.7B-Base"},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-1.7B-Base"},
+            "04": {**_GPU_04, "model": "Qwen/Qwen3-1.7B-Base"},
         },
     },
     # 80g: Qwen3-4B-Base with LoRA rather than a full fine-tune of Qwen3-1.7B-Base. LoRA keeps
@@ -314,6 +392,7 @@ PRESETS: dict[str, dict] = {
             "02": {**_GPU_02, "model": "Qwen/Qwen3-4B-Base", "learning_rate": 1e-4, "lora_learning_rate": 1e-4,
                    "gradient_checkpointing": False},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-4B-Base", "gradient_checkpointing": False},
+            "04": {**_GPU_04, "model": "Qwen/Qwen3-4B-Base", "batch_size": 32, "grad_accum": 4},
         },
     },
 }

@@ -256,3 +256,39 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: 
         raise ValueError("loss_type='dr_grpo' normalizes by B * max_completion_length: "
                          "pass max_completion_length (TRL: GRPOConfig.max_completion_length)")
     return masked_normalize(per_token_loss, mask, per_token_loss.size(0) * max_completion_length)
+
+
+# ----------------------------------------------------------------------------- TRL configuration
+def grpo_config(cfg, output_dir, **overrides):
+    """``trl.GRPOConfig`` for a resolved lesson-04 preset (``utils.presets.resolve(..., lesson="04")``).
+
+    :func:`utils.sft.trainer_kwargs` (precision and activation checkpointing explicit: TRL's
+    configs default to ``bf16=True`` and to checkpointing on) plus the GRPO fields in TRL's names:
+    ``num_generations``, ``max_completion_length``, ``temperature``, ``beta``, ``loss_type``,
+    ``use_vllm``. ``per_device_train_batch_size`` counts *completions*; one optimizer step
+    consumes one generation batch of ``batch_size * grad_accum = prompts_per_step *
+    num_generations`` completions (TRL's default ``steps_per_generation = grad_accum``: on-policy).
+    The learning rate is constant after warm-up. ``overrides``: any ``GRPOConfig`` field.
+    """
+    import importlib.util
+
+    from trl import GRPOConfig
+
+    from .sft import trainer_kwargs
+
+    if cfg.batch_size * cfg.grad_accum != cfg.prompts_per_step * cfg.num_generations:
+        raise ValueError(
+            f"batch_size * grad_accum ({cfg.batch_size} * {cfg.grad_accum}) must equal prompts_per_step * "
+            f"num_generations ({cfg.prompts_per_step} * {cfg.num_generations}): one optimizer step is one "
+            "generation batch of whole groups")
+    use_vllm = bool(overrides.get("use_vllm", cfg.use_vllm))
+    if use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ImportError("use_vllm=True needs vLLM, which is not in the pinned requirements: "
+                          "`pip install vllm` (Linux + CUDA GPU), or run with USE_VLLM=False")
+    kw = {**trainer_kwargs(cfg, output_dir),
+          "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
+          "temperature": cfg.temperature, "beta": cfg.beta, "loss_type": cfg.loss_type,
+          "lr_scheduler_type": "constant_with_warmup", "use_vllm": use_vllm}
+    if use_vllm:
+        kw["vllm_mode"] = "colocate"      # one GPU: generation and training share it
+    return GRPOConfig(**{**kw, **overrides})

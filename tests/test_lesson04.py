@@ -1,0 +1,40 @@
+"""Lesson 04 runs end to end on `tiny` under papermill; its records show each effect it claims."""
+import pytest
+
+from lesson_run import lesson_records
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    return lesson_records("04", tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_from_scratch_loss_matches_grpo_trainer(records):
+    assert records["04/trl_loss_max_abs_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_naive_reward_is_gamed(records):
+    # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines
+    assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 0.1
+    assert records["04/hack_accuracy_after"] < records["04/hack_accuracy_before"] - 0.05
+    assert records["04/hack_lines_per_answer_after"] > records["04/hack_lines_per_answer_before"] + 1
+    assert records["04/hack_characters_per_answer_after"] > 1.5 * records["04/hack_characters_per_answer_before"]
+    assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.3
+
+
+@pytest.mark.slow
+def test_grpo_run(records):
+    assert records["04/sft_format_compliance"] >= 0.9
+    assert records["04/grpo_format_compliance"] >= 0.9
+    assert records["04/kl_last"] > 0, "beta > 0: the KL to the reference is logged and grows from 0"
+    assert 0 < records["04/frac_reward_zero_std_mean"] < 1
+    # sampled accuracy is what GRPO optimises directly; greedy accuracy must at least not fall
+    assert records["04/grpo_pass@1"] > records["04/sft_pass@1"]
+    assert records["04/grpo_accuracy"] >= records["04/sft_accuracy"]
+
+
+@pytest.mark.slow
+def test_larger_groups_carry_more_signal(records):
+    assert records["04/zero_std_T1.0_G2"] > records["04/zero_std_T1.0_G8"] > records["04/zero_std_T1.0_G16"]
