@@ -184,7 +184,7 @@ def test_every_preset_defines_every_lesson_key(lesson_id):
         assert set(lesson) == keys, (name, keys ^ set(lesson))
         assert lesson["dataset"] == ("synthetic" if name == "tiny" else "openai/gsm8k")
         assert lesson["difficulty"] in (1, 2, 3, "mixed")
-        if "max_new_tokens" in lesson:
+        if "max_length" in lesson:
             assert lesson["max_new_tokens"] < lesson["max_length"] or name == "tiny"
         if lesson_id == "04":   # one optimizer step = one generation batch of whole groups (on-policy)
             assert lesson["batch_size"] * lesson["grad_accum"] == lesson["prompts_per_step"] * lesson["num_generations"]

@@ -52,6 +52,8 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps",
            "use_vllm", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
            "sweep_generations", "sweep_temperatures"),
+    "06": ("model", "dataset", "difficulty", "sft_steps", "n_test", "max_new_tokens", "eval_batch_size", "ppl_problems",
+           "blocksize", "outlier_prompts", "outlier_threshold", "qlora_steps", "lora_r", "lora_alpha"),
 }
 
 # Overrides accepted by resolve() for every lesson, besides the lesson's own keys.
@@ -123,6 +125,21 @@ _GPU_04 = {
     "sweep_generations": [2, 4, 8, 16],
     "sweep_temperatures": [0.7, 1.0, 1.3],
 }
+_GPU_06 = {
+    "dataset": GSM8K,
+    "difficulty": "mixed",
+    "sft_steps": 300,             # lesson 01's recipe for the model that is quantized and evaluated
+    "n_test": 500,
+    "max_new_tokens": 256,
+    "eval_batch_size": 32,
+    "ppl_problems": 200,
+    "blocksize": 64,              # bitsandbytes' NF4 block size
+    "outlier_prompts": 16,
+    "outlier_threshold": 6.0,     # LLM.int8()'s threshold
+    "qlora_steps": 100,
+    "lora_r": 16,
+    "lora_alpha": 32,
+}
 _GPU_03 = {
     "dataset": GSM8K,
     "difficulty": "mixed",
@@ -160,7 +177,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -278,6 +295,22 @@ PRESETS: dict[str, dict] = {
                 "sweep_generations": [2, 4, 8, 16],
                 "sweep_temperatures": [0.7, 1.0, 1.3],
             },
+            "06": {
+                "model": str(TINY_MODEL_DIR),
+                "dataset": "synthetic",
+                "difficulty": "mixed",
+                "sft_steps": 60,            # lesson 01's tiny recipe
+                "n_test": 500,
+                "max_new_tokens": 96,
+                "eval_batch_size": 250,
+                "ppl_problems": 200,
+                "blocksize": 64,
+                "outlier_prompts": 64,
+                "outlier_threshold": 6.0,
+                "qlora_steps": 30,
+                "lora_r": 16,
+                "lora_alpha": 32,
+            },
         },
     },
     "t4-16g": {
@@ -316,6 +349,7 @@ PRESETS: dict[str, dict] = {
             "03": {**_GPU_03, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32},
             "04": {**_GPU_04, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32,
                    "prompts_per_step": 8, "batch_size": 8, "grad_accum": 8},
+            "06": {**_GPU_06, "model": "Qwen/Qwen2.5-0.5B-Instruct"},
         },
     },
     "24g": {
@@ -352,6 +386,7 @@ PRESETS: dict[str, dict] = {
             "02": {**_GPU_02, "model": "Qwen/Qwen3-1.7B-Base"},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-1.7B-Base"},
             "04": {**_GPU_04, "model": "Qwen/Qwen3-1.7B-Base"},
+            "06": {**_GPU_06, "model": "Qwen/Qwen3-1.7B-Base"},
         },
     },
     # 80g: Qwen3-4B-Base with LoRA rather than a full fine-tune of Qwen3-1.7B-Base. LoRA keeps
@@ -393,6 +428,7 @@ PRESETS: dict[str, dict] = {
                    "gradient_checkpointing": False},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-4B-Base", "gradient_checkpointing": False},
             "04": {**_GPU_04, "model": "Qwen/Qwen3-4B-Base", "batch_size": 32, "grad_accum": 4},
+            "06": {**_GPU_06, "model": "Qwen/Qwen3-4B-Base"},
         },
     },
 }
