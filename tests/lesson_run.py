@@ -1,4 +1,6 @@
 """Shared by the lesson tests: run one lesson on `tiny` under papermill and read its records."""
+import pytest
+
 from utils import read_records
 from utils.run import main as run_main
 
@@ -9,3 +11,11 @@ def lesson_records(lesson: str, tmp_path_factory) -> dict:
     assert run_main([lesson, "--preset", "tiny", "--out", str(out)]) == 0, f"lesson {lesson} failed; see {out}/run.log"
     (nb,) = out.glob(f"{lesson}_*.ipynb")
     return read_records(nb)
+
+
+def records_fixture(lesson: str):
+    """A module-scoped ``records`` fixture for lesson ``lesson``: ``records = records_fixture("04")``."""
+    @pytest.fixture(scope="module")
+    def records(tmp_path_factory):
+        return lesson_records(lesson, tmp_path_factory)
+    return records

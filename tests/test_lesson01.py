@@ -1,12 +1,9 @@
 """Lesson 01 runs end to end on `tiny` under papermill and shows the SFT effect in its records."""
 import pytest
 
-from lesson_run import lesson_records
+from lesson_run import records_fixture
 
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    return lesson_records("01", tmp_path_factory)
+records = records_fixture("01")
 
 
 @pytest.mark.slow

@@ -1,12 +1,9 @@
 """Lesson 06 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from lesson_run import lesson_records
+from lesson_run import records_fixture
 
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    return lesson_records("06", tmp_path_factory)
+records = records_fixture("06")
 
 
 @pytest.mark.slow

@@ -236,16 +236,6 @@ def rig(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def completion_logps(model, batch, temperature):
-    """(B, T) log-probs of the completion tokens, from the model's logits scaled by 1/temperature (as TRL does)."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    T = batch["completion_ids"].size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, -T - 1:-1].float() / temperature      # logits[:, t] predicts token t + 1
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
-
-
 # (loss_type, beta, temperature, scale_rewards, use_bias_correction_kl)
 CASES = [(lt, 0.0, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
     (lt, 0.04, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
@@ -271,11 +261,11 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
     assert adv.abs().max() > 0.1, "the test needs non-zero advantages"
     torch.testing.assert_close(batch["advantages"], adv, atol=1e-5, rtol=1e-5)
 
-    logps = completion_logps(model, batch, temperature)
+    logps = rl.completion_logps(model, batch, temperature)
     ref_logps = None
     if beta > 0:
         with torch.no_grad():
-            ref_logps = completion_logps(trainer.ref_model, batch, temperature)
+            ref_logps = rl.completion_logps(trainer.ref_model, batch, temperature)
         torch.testing.assert_close(batch["ref_per_token_logps"] * mask, ref_logps * mask, atol=1e-5, rtol=1e-5)
 
     def ours(old_logps):

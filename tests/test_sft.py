@@ -113,3 +113,19 @@ def test_token_counter_times_steps_after_the_first(tmp_path):
     expected = sum(counter.batch_tokens[2:8]) / (counter.step_ends[-1] - counter.step_ends[0])
     assert counter.tokens_per_s == pytest.approx(expected)
     assert counter.tokens_per_s > 0
+
+
+def test_sft_checkpoint_saves_once_and_resume_reuses_it(tmp_path, tok):
+    from transformers import AutoModelForCausalLM
+
+    cfg = presets.resolve("tiny", lesson="01", max_steps=2)
+    problems = data.make_problems(16, split="train", seed=0)
+    sft_dir = sft.sft_checkpoint(cfg, tok, problems, tmp_path)
+    assert sft_dir == tmp_path / "sft-model" and (sft_dir / "config.json").exists()
+    weights = sft_dir / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert sft.sft_checkpoint(cfg, tok, problems, tmp_path, resume=True) == sft_dir
+    assert weights.stat().st_mtime_ns == stamp, "resume reuses the saved model instead of training again"
+    trained = AutoModelForCausalLM.from_pretrained(sft_dir)
+    base, _ = tiny.load()
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), base.parameters())), "it was trained"

@@ -100,6 +100,12 @@ def _blocks(x: torch.Tensor, blocksize: int) -> torch.Tensor:
     return flat.view(-1, blocksize)
 
 
+def _block_absmax(blocks: torch.Tensor) -> torch.Tensor:
+    """(n_blocks,) absmax of each row of ``blocks``, 1 for an all-zero block."""
+    absmax = blocks.abs().amax(dim=1)
+    return torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+
+
 def blockwise_quantize(x: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Absmax int8 per block of ``blocksize`` consecutive values of the flattened tensor.
 
@@ -109,8 +115,7 @@ def blockwise_quantize(x: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tens
     """
     _check_float(x)
     blocks = _blocks(x, blocksize)
-    absmax = blocks.abs().amax(dim=1)
-    absmax = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    absmax = _block_absmax(blocks)
     q = torch.round(blocks / absmax[:, None] * 127).clamp(-127, 127).to(torch.int8)
     return q.reshape(-1), absmax
 
@@ -134,8 +139,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64) -> tuple[torch.Tensor, to
     """
     _check_float(x)
     blocks = _blocks(x, blocksize)
-    absmax = blocks.abs().amax(dim=1)
-    absmax = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    absmax = _block_absmax(blocks)
     normed = (blocks / absmax[:, None]).reshape(-1, 1)
     codes = (normed - NF4_CODE.to(normed.device)).abs().argmin(dim=1)   # nearest code (chunk for huge tensors)
     return codes.to(torch.uint8), absmax

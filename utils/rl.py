@@ -258,6 +258,26 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: 
     return masked_normalize(per_token_loss, mask, per_token_loss.size(0) * max_completion_length)
 
 
+# ----------------------------------------------------------------------------- log-probabilities
+def completion_logps(model, batch: dict, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs of a GRPO batch's completion tokens, as TRL's ``GRPOTrainer`` computes them.
+
+    Args:
+        model: a causal LM.
+        batch: TRL's generation batch: ``prompt_ids``/``prompt_mask`` (B, P, left-padded) and
+            ``completion_ids``/``completion_mask`` (B, T, right-padded).
+        temperature: the sampling temperature; logits are divided by it (TRL: ``temperature``).
+    Returns:
+        (B, T) float32: ``log softmax(logits / temperature)`` at each completion token (values on
+        padding positions are meaningless: multiply by the mask).
+    """
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    T = batch["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, -T - 1:-1].float()
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
 # ----------------------------------------------------------------------------- TRL configuration
 def grpo_config(cfg, output_dir, **overrides):
     """``trl.GRPOConfig`` for a resolved lesson-04 preset (``utils.presets.resolve(..., lesson="04")``).

@@ -238,3 +238,26 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
                             data_collator=lambda b: collate(b, tokenizer.pad_token_id)))
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     return trainer
+
+
+def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path, resume: bool = False) -> Path:
+    """The SFT starting point of the later lessons: lesson 01's recipe, trained and saved once.
+
+    ``cfg`` is a resolved lesson-01 preset (``presets.resolve(preset, lesson="01", max_steps=...)``).
+    Trains ``cfg.model`` on ``problems`` with :func:`train_sft` (checkpoints in ``output_dir/sft``),
+    folds a LoRA adapter into the weights (GPU presets) and saves the model to
+    ``output_dir/sft-model``. With ``resume=True`` a model already saved there is reused as is.
+    Returns that directory: load the model from it, never reuse the trained object (trainers patch
+    the ``forward`` of the model they are given).
+    """
+    from transformers import AutoModelForCausalLM
+
+    sft_dir = Path(output_dir) / "sft-model"
+    if resume and (sft_dir / "config.json").exists():
+        return sft_dir
+    base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=cfg.dtype).to(cfg.device)
+    trained = train_sft(base, tokenizer, problems, cfg, Path(output_dir) / "sft").model
+    if hasattr(trained, "merge_and_unload"):
+        trained = trained.merge_and_unload()
+    trained.save_pretrained(sft_dir)
+    return sft_dir
