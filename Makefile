@@ -11,7 +11,7 @@ export TQDM_DISABLE ?= 1
 export MPLBACKEND ?= Agg
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test notebooks bench tiny-model clean help
+.PHONY: setup run test notebooks labs bench bench-grade tiny-model clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -19,6 +19,8 @@ help:
 	@echo "make test       unit tests + lesson execution (papermill) + nbval regression"
 	@echo "make setup      create $(VENV) and install the pinned requirements"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
+	@echo "make labs       rebuild the student editions in labs/ from notebooks/"
+	@echo "make bench-grade grade 30 generated lab-01 submissions and print the time"
 	@echo "make bench      benchmark report (wall time, peak memory, metrics) in bench/"
 	@echo "make tiny-model rebuild the embedded tiny model (about 8 minutes on 2 cores)"
 
@@ -40,6 +42,14 @@ test: $(STAMP)
 
 notebooks: $(STAMP)
 	$(PY) -m utils.run $(LESSONS) --preset tiny --inplace
+
+labs: $(STAMP)
+	$(PY) -m utils.labs build
+
+bench-grade: $(STAMP)
+	rm -rf bench/submissions-01 bench/grades-01
+	$(PY) -m tests.grading_fixtures bench/submissions-01 --count 30
+	$(PY) -m utils.grade bench/submissions-01 --lab 01 --out bench/grades-01
 
 bench: $(STAMP)
 	$(PY) -m utils.run $(LESSONS) --preset tiny --bench --out bench

@@ -264,3 +264,11 @@ def test_reset_peak_memory_starts_a_new_window(monkeypatch):
         pytest.skip("this OS keeps only a lifetime peak")
     low = runtime.peak_memory_mb()["process_rss_peak_mb"]
     assert low < high - 200, (low, high)
+
+
+def test_hardware_names_the_gpu_or_the_cpu(monkeypatch):
+    fake_gpu(monkeypatch, name="NVIDIA GeForce RTX 4090", capability=(8, 9), total_gb=23.6)
+    assert runtime.hardware() == "NVIDIA GeForce RTX 4090 (23.6 GB)"
+    no_gpu(monkeypatch)
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    assert runtime.hardware() == "CPU (2 cores)"

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import platform
-import re
 import subprocess
 import sys
 import threading
@@ -45,7 +44,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 LESSON_GLOB = "[0-9][0-9]_*.ipynb"
-META_KEYS = ("preset", "model", "device")  # recorded by every lesson; shown as columns, not metrics
+META_KEYS = ("preset", "model", "device", "hardware")  # recorded by every lesson; shown as columns, not metrics
 # Always set for the kernel. The inline backend embeds every figure as a PNG in the executed
 # notebook (what a student, a grader and the committed lessons show); a GUI backend would open
 # windows, and Agg (the Makefile's default for plain Python) would drop the figures.

@@ -69,6 +69,17 @@ def gpu_info() -> dict | None:
     }
 
 
+def hardware() -> str:
+    """The machine in one line, for a lesson's records: the GPU and its memory, or the CPU cores.
+
+    E.g. ``"NVIDIA GeForce RTX 4090 (23.6 GB)"`` or ``"CPU (2 cores)"``.
+    """
+    info = gpu_info()
+    if info:
+        return f"{info['name']} ({info['total_gb']} GB)"
+    return f"CPU ({os.cpu_count()} cores)"
+
+
 def _is_cuda(dev) -> bool:
     return str(dev).startswith("cuda")
 

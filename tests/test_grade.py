@@ -1,0 +1,98 @@
+"""The grader on a fixture class of lab 01 submissions: expected CSV, feedback, nothing modified, nothing lost."""
+import csv
+import hashlib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import grading_fixtures
+from utils import grade, labs
+
+EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
+
+
+def digest(folder):
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class")
+    subs = root / "submissions"
+    grading_fixtures.write(subs)
+    before = digest(subs)
+    rows = grade.grade_folder(subs, "01", root / "out", jobs=2, timeout=40, cell_timeout=5, progress=lambda *_: None)
+    return {"root": root, "subs": subs, "out": root / "out", "rows": rows, "before": before}
+
+
+def test_find_submissions_layouts(tmp_path):
+    (tmp_path / "ann.ipynb").write_text("{}")
+    (tmp_path / "ben.ipynb.txt").write_text("{}")
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "01_sft_from_scratch.ipynb").write_text("{}")
+    (tmp_path / "dan" / ".ipynb_checkpoints").mkdir(parents=True)
+    (tmp_path / "dan" / ".ipynb_checkpoints" / "x.ipynb").write_text("{}")
+    (tmp_path / "dan" / "lab1 final.ipynb").write_text("{}")
+    (tmp_path / "eve").mkdir()
+    (tmp_path / ".DS_Store").write_text("")
+    subs = {s["student"]: s for s in grade.find_submissions(tmp_path, "01_sft_from_scratch")}
+    assert sorted(subs) == ["ann", "ben", "cat", "dan", "eve"]
+    assert subs["ann"]["flags"] == [] and subs["cat"]["flags"] == []
+    assert subs["ben"]["flags"] == ["renamed"]
+    assert subs["dan"]["flags"] == ["renamed"] and subs["dan"]["path"].name == "lab1 final.ipynb"
+    assert subs["eve"]["flags"] == ["no-notebook"] and subs["eve"]["path"] is None
+
+
+def test_grading_notebook_restores_checks_and_keeps_hidden_tests():
+    lesson = nbformat.read(grading_fixtures.LESSON, as_version=4)
+    sub = nbformat.reads(grading_fixtures.submission("tampered")[1], as_version=4)
+    gnb, integrity = grade.grading_notebook(lesson, sub, labs.lab_for(grading_fixtures.LESSON))
+    assert [(i["flag"], i["grade_id"]) for i in integrity] == [("modified", "01-collate"), ("deleted", "01-causal-loss")]
+    roles = [c.metadata["grading"]["role"] for c in gnb.cells]
+    assert roles[0] == "setup" and roles[1] == "parameters" and roles.count("check") == 3 and roles.count("answer") == 3
+    checks = {c.metadata["grading"]["grade_id"]: c.source for c in gnb.cells if c.metadata["grading"]["role"] == "check"}
+    assert "BEGIN HIDDEN TESTS" in checks["01-collate"], "the lesson's check runs, hidden tests included"
+    assert all("raises-exception" in c.metadata["tags"] for c in gnb.cells)
+    assert not any("train_by_hand" in c.source for c in gnb.cells), "never the student's training"
+
+
+@pytest.mark.slow
+def test_grades_match_the_expected_csv(graded):
+    got = list(csv.DictReader((graded["out"] / "grades.csv").open()))
+    want = list(csv.DictReader(EXPECTED.open()))
+    cols = list(want[0])
+    assert [{k: r[k] for k in cols} for r in got] == want
+
+
+@pytest.mark.slow
+def test_submissions_never_modified(graded):
+    assert digest(graded["subs"]) == graded["before"]
+
+
+@pytest.mark.slow
+def test_feedback_per_student(graded):
+    fb = graded["out"] / "feedback"
+    assert sorted(p.stem for p in fb.glob("*.md")) == sorted(grading_fixtures.STUDENTS.values())
+    alice = (fb / "alice.md").read_text()
+    assert "**Score: 8 / 8**" in alice and "self-reported" in alice
+    assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
+    assert (fb / "alice" / "figure-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bob = (fb / "bob.md").read_text()
+    assert "hidden test: pad with the given pad_token_id" in bob, "a hidden test's message reaches the student"
+    assert "shift logits and labels by one" in bob
+    assert "not implemented: Exercise 01-sft-mask" in (fb / "carol.md").read_text()
+    assert "timed out after 5 s" in (fb / "erin.md").read_text()
+    assert "not valid JSON" in (fb / "frank.md").read_text()
+    assert "SyntaxError" in (fb / "heidi.md").read_text()
+    assert "kernel crash" in (fb / "ivan.md").read_text()
+    assert "no records" in (fb / "grace.md").read_text()
+    assert "is the lab '06_quantization', not '01_sft_from_scratch'" in (fb / "kim.md").read_text()
+
+
+def test_usage_errors(tmp_path, capsys):
+    assert grade.main([str(tmp_path / "nope"), "--lab", "01"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert grade.main([str(tmp_path), "--lab", "42"]) == 2
+    assert "Available lessons" in capsys.readouterr().err

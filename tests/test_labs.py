@@ -1,0 +1,142 @@
+"""The lab builder: stubs, hidden tests, locks and nbgrader checksums; labs/ up to date; validate and --invert."""
+import json
+
+import nbformat
+import pytest
+
+from utils import labs
+
+
+def cell(source, **nbgrader):
+    c = nbformat.v4.new_code_cell(source)
+    if nbgrader:
+        c.metadata["nbgrader"] = {"schema_version": 3, **nbgrader}
+    return c
+
+
+def test_checksum_is_nbgraders():
+    # Values computed by nbgrader 0.9.6's nbgrader.utils.compute_checksum on the same two cells.
+    check = cell('assert f(2) == 4, "f doubles"\nprint("ok")', grade=True, solution=False, locked=True,
+                 grade_id="xx-check", points=2)
+    answer = cell("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()", grade=False, solution=True,
+                  locked=False, grade_id="xx-check-answer")
+    assert labs.compute_checksum(check) == "9f21f0ea74de4576591c084128a4c7ce"
+    assert labs.compute_checksum(answer) == "083325e8035569290d68612de43daf58"
+    check.source += " "
+    assert labs.compute_checksum(check) != "9f21f0ea74de4576591c084128a4c7ce", "any edit changes the checksum"
+
+
+def test_stub_keeps_indentation_and_names_the_exercise():
+    src = ("IGNORE = -1\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n    ### BEGIN SOLUTION\n    y = 2 * x\n    ### END SOLUTION\n"
+           "    return y\n\n\ndef g():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
+    out = labs.stub_solutions(src, "07-double")
+    assert "y = 2 * x" not in out and "return 1" not in out and "BEGIN SOLUTION" not in out
+    assert out.startswith("IGNORE = -1\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n    # YOUR CODE HERE\n    raise NotImplementedError(")
+    assert "Exercise 07-double: write the body of f()" in out and "write the body of g()" in out
+    assert out.endswith("    return y\n\n\ndef g():\n    # YOUR CODE HERE\n    raise NotImplementedError("
+                        "'Exercise 07-double: write the body of g() (see the docstring), then run the graded check after it')")
+    compile(out, "stub", "exec")
+
+
+@pytest.mark.parametrize("src, message", [
+    ("### BEGIN SOLUTION\nx = 1", "has no"),
+    ("x = 1\n### END SOLUTION", "without"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
+])
+def test_unbalanced_markers_are_errors(src, message):
+    with pytest.raises(labs.LabError, match=message):
+        labs.stub_solutions(src, "x")
+
+
+def test_hidden_tests_removed():
+    src = "assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(5) == 10\n### END HIDDEN TESTS\nprint('ok')"
+    assert labs.remove_hidden_tests(src) == "assert f(1) == 2\nprint('ok')"
+
+
+def _lesson(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), *cells]
+    return nb
+
+
+def test_contract_violations_are_named():
+    setup = cell("import math")
+    setup.metadata["tags"] = ["grader-setup"]
+    check = cell("assert f(2) == 4", grade=True, solution=False, locked=True, grade_id="xx-f", points=1)
+    answer = cell("def f(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+                  grade=False, solution=True, locked=False, grade_id="xx-f-answer")
+    labs.check_contract(_lesson(setup, answer, check))
+    with pytest.raises(labs.LabError, match="solution=true"):
+        labs.check_contract(_lesson(setup, cell(answer.source), check))
+    with pytest.raises(labs.LabError, match="used twice"):
+        labs.check_contract(_lesson(setup, answer, check, cell("assert True", grade=True, solution=False, locked=True,
+                                                                     grade_id="xx-f", points=1)))
+    with pytest.raises(labs.LabError, match="hidden tests belong"):
+        labs.check_contract(_lesson(setup, answer, check, cell("### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS")))
+    with pytest.raises(labs.LabError, match="grader-setup"):
+        labs.check_contract(_lesson(answer, check))
+    with pytest.raises(labs.LabError, match="points"):
+        labs.check_contract(_lesson(setup, answer, cell("assert 1", grade=True, solution=False, locked=True,
+                                                         grade_id="xx-g", points=0)))
+
+
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_lab_of_each_lesson(lesson):
+    src = nbformat.read(lesson, as_version=4)
+    labs.check_contract(src, lesson.stem)
+    lab = labs.lab_for(lesson)
+    text = json.dumps(lab)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, "solutions and hidden tests must not reach students"
+    assert lab.metadata[labs.LAB_META_KEY] == {"lesson": lesson.stem[:2], "name": lesson.stem}
+    assert "widgets" not in lab.metadata and "papermill" not in lab.metadata
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in lab.cells if c.cell_type == "code")
+    n_answers = n_checks = 0
+    for c in lab.cells:
+        if labs.is_grade(c):
+            n_checks += 1
+            assert c.metadata["editable"] is False and c.metadata["deletable"] is False
+        if labs.is_solution(c):
+            n_answers += 1
+            assert "raise NotImplementedError('Exercise " in c.source and c.metadata["deletable"] is False
+        if labs.is_grade(c) or labs.is_solution(c):
+            assert c.metadata["nbgrader"]["checksum"] == labs.compute_checksum(c)
+    assert n_checks >= 2 and n_answers >= 2
+    assert [c.get("id") for c in lab.cells if c.get("id") != labs.INSTRUCTIONS_ID] == [c.get("id") for c in src.cells], \
+        "labs keep the lesson's cell ids (the grader finds cells by them)"
+
+
+def test_labs_are_up_to_date():
+    problems = labs.stale()
+    assert not problems, "labs/ is out of date with notebooks/; run `make labs`: " + "; ".join(problems)
+
+
+def test_stale_labs_are_detected(tmp_path):
+    lesson = labs.lesson_paths(["06"])[0]
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "nb" / lesson.name).write_text(lesson.read_text())
+    labs.build(tmp_path / "nb", tmp_path / "labs")
+    assert labs.stale(tmp_path / "nb", tmp_path / "labs") == []
+    nb = nbformat.read(tmp_path / "nb" / lesson.name, as_version=4)
+    next(c for c in nb.cells if labs.is_grade(c)).source += "\nassert True"
+    nbformat.write(nb, tmp_path / "nb" / lesson.name)
+    assert labs.stale(tmp_path / "nb", tmp_path / "labs") == [f"{lesson.name}: differs from what its lesson builds"]
+    (tmp_path / "labs" / "09_gone.ipynb").write_text("{}")
+    assert "09_gone.ipynb: no lesson of that name" in labs.stale(tmp_path / "nb", tmp_path / "labs")
+
+
+@pytest.mark.slow
+def test_validate_lessons_pass_every_check():
+    results = labs.validate(jobs=2)
+    for r in results:
+        assert r["ok"], f"{r['lesson']}: {r['problems']}"
+        assert r["checks"] and all(c["passed"] for c in r["checks"].values())
+
+
+@pytest.mark.slow
+def test_validate_invert_labs_fail_every_check_cleanly():
+    results = labs.validate(invert=True, jobs=2)
+    for r in results:
+        assert r["ok"], f"{r['lesson']}: {r['problems']}"
+        for gid, c in r["checks"].items():
+            assert not c["passed"] and c["ename"] == "NotImplementedError", gid
+            assert f"Exercise {gid}:" in c["message"], f"{gid} should fail naming its own exercise: {c['message']}"
