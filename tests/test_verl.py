@@ -12,11 +12,9 @@ Set ``VERL_VENV=/path`` to keep the venv elsewhere.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -27,12 +25,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import side_venv  # noqa: E402
 from utils import data, rewards, verl_export  # noqa: E402
 
 VERL_DIR = ROOT / "tests" / "verl"
 REQUIREMENTS = VERL_DIR / "requirements.txt"
 CHECKER = VERL_DIR / "check_verl.py"
-VENV = Path(os.environ.get("VERL_VENV", Path.home() / ".cache" / "post-training-course" / "verl-venv"))
+VENV = side_venv.venv_dir("verl", "VERL_VENV")
 TINY = ROOT / "utils" / "assets" / "tiny-qwen"
 INSTALL_TIMEOUT = 1500   # seconds; about 35-60 s on 2 cores
 CHECK_TIMEOUT = 300      # seconds; about 8 s
@@ -71,13 +70,6 @@ def problems():
     return train + [long], test
 
 
-def stamp() -> str:
-    """Identifies a verl venv: the requirements file and the interpreter that built it."""
-    h = hashlib.sha256(REQUIREMENTS.read_bytes())
-    h.update(sys.version.encode())
-    return h.hexdigest()
-
-
 def verl_env() -> dict:
     """Environment for the verl venv's python: offline, scratch caches, no repository on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
@@ -89,33 +81,8 @@ def verl_env() -> dict:
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def verl_python() -> Path:
-    """Python of the verl venv, created (or reused when its stamp matches) from tests/verl/requirements.txt.
-
-    ``pip install --no-deps``: the requirements file is the complete frozen environment.
-    ``--no-compile`` halves the install; the checker then caches the bytecode of what it imports
-    (PYTHONDONTWRITEBYTECODE is lifted for that venv only).
-    """
-    python, stamp_file = VENV / "bin" / "python", VENV / ".installed"
-    if python.exists() and stamp_file.exists() and stamp_file.read_text() == stamp():
-        return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    t0 = time.time()
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
-    log = VENV / "install.log"
-    with open(log, "w") as f:
-        try:
-            rc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                                 "--no-deps", "--no-compile", "-r", str(REQUIREMENTS)],
-                                stdout=f, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    if rc != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        pytest.fail(f"installing the verl venv failed (pip: {rc}); last lines of {log}:\n{tail}",
-                    pytrace=False)
-    stamp_file.write_text(stamp())
-    print(f"\nverl venv installed in {time.time() - t0:.0f} s at {VENV}")
-    return python
+    """Python of the verl venv (tests/side_venv.py), from tests/verl/requirements.txt."""
+    return side_venv.ensure(VENV, REQUIREMENTS, INSTALL_TIMEOUT, "verl")
 
 
 @pytest.fixture(scope="module")

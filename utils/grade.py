@@ -12,8 +12,8 @@ Usage (from the repository root)::
    what runs, always.
 2. **Implementation.** Only what the checks need is re-executed, with papermill in a separate
    kernel on the CPU with the ``tiny`` preset: the lesson's ``parameters`` and ``grader-setup``
-   cells, the student's answer cells and the checks. A cell has ``--cell-timeout`` seconds (then
-   it is interrupted; if it ignores the interrupt for 10 s more, its kernel is killed) and the
+   cells, the student's answer cells and the checks. An answer or check cell has ``--cell-timeout``
+   seconds (then it is interrupted; if it ignores the interrupt for 10 s more, its kernel is killed) and the
    notebook ``--timeout`` seconds (then its kernel is killed); the cell that hung is set aside and
    the rest is graded again.
 3. **Results.** The records (``utils.read_records``) and figures of the student's own run are
@@ -157,15 +157,23 @@ def grading_notebook(lesson, answers, lab=None):
 
 
 # ----------------------------------------------------------------------------- executing it
+def _limited(metadata) -> bool:
+    """Whether a grading cell runs under the cell time limit (answers and checks do)."""
+    return metadata.get("grading", {}).get("role") in ("answer", "check")
+
+
 def _worker(argv) -> int:
     """Run in a child process: execute one grading notebook with papermill; write a status file."""
     src, dst, cell_timeout, cwd, status_path, params = argv
     import papermill
 
+    def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
+        return int(cell_timeout) if _limited(cell.metadata) else None
+
     status = {"status": "ok", "detail": ""}
     try:
         papermill.execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
-                                   progress_bar=False, log_output=False, execution_timeout=int(cell_timeout),
+                                   progress_bar=False, log_output=False, timeout_func=timeout_of,
                                    interrupt_on_timeout=True, start_timeout=120)
     except papermill.PapermillExecutionError:
         pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
@@ -250,13 +258,14 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
 
 
 def _running_cell(executed_path: Path) -> int | None:
-    """Index (papermill's cells excluded) of the cell papermill marks as running, or None."""
+    """Index (papermill's cells excluded) of the answer or check cell papermill marks as running, or None."""
     try:
         cells = json.loads(executed_path.read_text(encoding="utf-8"))["cells"]
     except (OSError, ValueError, KeyError, TypeError):
         return None  # not written yet, or caught mid-write
     ours = [c for c in cells if not {"injected-parameters", "papermill-error-cell-tag"} & set(c.get("metadata", {}).get("tags", []))]
-    return next((i for i, c in enumerate(ours) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"), None)
+    return next((i for i, c in enumerate(ours) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
+                 and _limited(c.get("metadata", {}))), None)
 
 
 def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S) -> dict:

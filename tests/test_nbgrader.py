@@ -1,0 +1,55 @@
+"""nbgrader itself takes the lessons as source notebooks, and its release equals our lab where it counts.
+
+nbgrader 0.9.6 pins versions of its own (jupyter-server, sqlalchemy, ...), so, as for verl, the
+``slow`` test builds a venv of its own (tests/side_venv.py) from tests/nbgrader/requirements.txt,
+``~/.cache/post-training-course/nbgrader-venv/`` (``NBGRADER_VENV=/path`` moves it), and runs
+``nbgrader generate_assignment`` on a course whose source is ``notebooks/`` as it is.
+"""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import side_venv
+from utils import labs
+
+REQUIREMENTS = Path(__file__).parent / "nbgrader" / "requirements.txt"
+VENV = side_venv.venv_dir("nbgrader", "NBGRADER_VENV")
+INSTALL_TIMEOUT = 900   # seconds; about 40 s on 2 cores
+
+
+@pytest.fixture(scope="module")
+def nbgrader(tmp_path_factory):
+    """Run ``nbgrader generate_assignment`` for every lesson; return the course folder."""
+    python = side_venv.ensure(VENV, REQUIREMENTS, INSTALL_TIMEOUT, "nbgrader")
+    course = tmp_path_factory.mktemp("course")
+    (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "post-training"\n')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # nbgrader calls alembic by name
+    for lesson in labs.lesson_paths():
+        (course / "source" / lesson.stem).mkdir(parents=True)
+        shutil.copy(lesson, course / "source" / lesson.stem / lesson.name)
+        proc = subprocess.run([str(python.parent / "nbgrader"), "generate_assignment", lesson.stem, "--force"],
+                              cwd=course, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"nbgrader refused {lesson.name}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    return course
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_nbgrader_release_matches_our_lab(nbgrader, lesson):
+    release = nbformat.read(nbgrader / "release" / lesson.stem / lesson.name, as_version=4)
+    ours = {labs.grade_id(c): c for c in labs.lab_for(lesson).cells if labs.grade_id(c)}
+    theirs = {labs.grade_id(c): c for c in release.cells if labs.grade_id(c)}
+    assert set(theirs) == set(ours), "the same answer and check cells"
+    for gid, cell in theirs.items():
+        assert "BEGIN SOLUTION" not in cell.source and "HIDDEN TESTS" not in cell.source
+        if labs.is_grade(cell):
+            assert cell.source == ours[gid].source, f"{gid}: nbgrader's student check differs from ours"
+            assert cell.metadata.nbgrader["checksum"] == ours[gid].metadata.nbgrader["checksum"], \
+                f"{gid}: nbgrader's checksum differs from ours"
+        else:
+            assert "raise NotImplementedError" in cell.source
