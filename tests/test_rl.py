@@ -342,3 +342,34 @@ def test_grpo_config_rejects_inconsistent_sizes_and_missing_vllm(tmp_path, monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
     with pytest.raises(ImportError, match="pip install vllm"):
         rl.grpo_config(presets.resolve("tiny", lesson="04", use_vllm=True), tmp_path)
+
+
+# ----------------------------------------------------------------------------- DAPO pieces (lesson 05)
+def test_zero_std_groups():
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    assert rl.zero_std_groups(r, 3).tolist() == [True, False, True]
+    with pytest.raises(ValueError):
+        rl.zero_std_groups(r, 4)
+
+
+def test_dynamic_sampling_refills_the_batch():
+    table = {"a": [1, 1], "b": [0, 1], "c": [0, 0], "d": [1, 0], "e": [0, 1]}
+    kept, stats = rl.dynamic_sampling(lambda p: table[p], "abcde", num_groups=2, group_size=2)
+    assert kept == [("b", [0.0, 1.0]), ("d", [1.0, 0.0])]
+    assert stats == {"sampled": 4, "dropped": 2, "exhausted": False}, "stops as soon as the batch is full"
+    kept, stats = rl.dynamic_sampling(lambda p: table[p], "abc", num_groups=2, group_size=2)
+    assert len(kept) == 1 and stats == {"sampled": 3, "dropped": 2, "exhausted": True}
+    with pytest.raises(ValueError, match="expected 2"):
+        rl.dynamic_sampling(lambda p: [1.0], "a", num_groups=1, group_size=2)
+
+
+def test_soft_overlong_penalty_values_and_trl():
+    from trl.rewards import get_soft_overlong_punishment
+
+    lengths = [0, 50, 80, 81, 90, 99, 100, 101, 500]
+    got = rl.soft_overlong_penalty(lengths, max_completion_length=100, cache_length=20)
+    assert got == pytest.approx([0, 0, 0, -0.05, -0.5, -0.95, -1.0, -1.0, -1.0])
+    trl_fn = get_soft_overlong_punishment(max_completion_len=100, soft_punish_cache=20)
+    assert got == pytest.approx(trl_fn([[7] * n for n in lengths]))
+    with pytest.raises(ValueError):
+        rl.soft_overlong_penalty([1], 10, 0)

@@ -124,6 +124,77 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped - baseline).view(-1)
 
 
+# ----------------------------------------------------------------------------- DAPO (lesson 05)
+def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups carry no learning signal: all their rewards are equal (so all advantages are 0).
+
+    Args:
+        rewards: (N,) float, groups of ``group_size`` consecutive entries.
+        group_size: G.
+    Returns:
+        (N // G,) bool, True for a group whose rewards are all equal. Its mean over a batch is
+        what TRL logs as ``frac_reward_zero_std``.
+    """
+    grouped = _check_groups(rewards, group_size).view(-1, group_size)
+    return (grouped == grouped[:, :1]).all(dim=1)
+
+
+def dynamic_sampling(sample_group, prompts, num_groups: int, group_size: int):
+    """DAPO's dynamic sampling: keep drawing prompts until ``num_groups`` groups have varied rewards.
+
+    Groups whose G rewards are all equal (every completion right, or every one wrong) have zero
+    advantage everywhere and only dilute the batch; DAPO drops them and refills the batch with
+    groups sampled for further prompts (Yu et al. 2025, "over-sample and filter out prompts with
+    accuracy equal to 1 and 0").
+
+    Args:
+        sample_group: callable, ``sample_group(prompt) -> sequence of G rewards`` (floats): it
+            generates G completions for the prompt and scores them.
+        prompts: iterable of prompts, consumed in order.
+        num_groups: how many groups with varied rewards the batch needs.
+        group_size: G; every group must have exactly G rewards.
+    Returns:
+        ``(kept, stats)``: ``kept`` is a list of ``(prompt, rewards)`` for the first ``num_groups``
+        groups whose rewards are not all equal; ``stats`` is ``{"sampled": groups generated,
+        "dropped": groups without signal, "exhausted": True when the prompts ran out first}``.
+        The cost of the filter is ``sampled / num_groups`` times the generation of a plain batch.
+    """
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    kept, sampled = [], 0
+    for prompt in prompts:
+        rewards = [float(r) for r in sample_group(prompt)]
+        if len(rewards) != group_size:
+            raise ValueError(f"sample_group returned {len(rewards)} rewards for one prompt, expected {group_size}")
+        sampled += 1
+        if max(rewards) != min(rewards):
+            kept.append((prompt, rewards))
+            if len(kept) == num_groups:
+                break
+    return kept, {"sampled": sampled, "dropped": sampled - len(kept), "exhausted": len(kept) < num_groups}
+
+
+def soft_overlong_penalty(lengths, max_completion_length: int, cache_length: int) -> list[float]:
+    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13), one reward term per completion.
+
+    Args:
+        lengths: sequence of completion lengths |y| in tokens (ints).
+        max_completion_length: L_max.
+        cache_length: L_cache, the width of the ramp before L_max (0 < L_cache <= L_max).
+    Returns:
+        list of floats: 0 for |y| <= L_max - L_cache; ``(L_max - L_cache - |y|) / L_cache`` (from 0
+        down to -1) on the ramp L_max - L_cache < |y| <= L_max; -1 beyond L_max. Added to the task
+        reward, it punishes rambling towards the limit without punishing length elsewhere.
+        TRL ships the same function as ``trl.rewards.get_soft_overlong_punishment``.
+    """
+    if not 0 < cache_length <= max_completion_length:
+        raise ValueError(f"need 0 < cache_length <= max_completion_length, got {cache_length} and "
+                         f"{max_completion_length}")
+    start = max_completion_length - cache_length
+    return [0.0 if n <= start else (start - n) / cache_length if n <= max_completion_length else -1.0
+            for n in lengths]
+
+
 # ----------------------------------------------------------------------------- masked reductions
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over the positions where ``mask`` is 1.

@@ -1,0 +1,95 @@
+"""Test-time compute (utils/ttc.py): the verifier, majority vote, and best-of-N / vote accuracies on known values."""
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from utils import ttc
+
+
+@pytest.mark.parametrize("text, score", [
+    ("Sam has 3 * 9 = 27 apples.\nAfter giving some away, Sam has 27 - 9 = 18 apples.\n#### 18", 1.0),
+    ("Sam has 3 * 9 = 28 apples.\nAfter giving some away, Sam has 28 - 9 = 19 apples.\n#### 19", 0.5),  # one slip
+    ("One group has 87 / 3 = 29 cookies.\n#### 30", 0.5),          # right arithmetic, answer not the result
+    ("One group has 87 / 3 = 27 cookies.\n#### 30", 0.0),          # wrong and inconsistent
+    ("Anna has 4 x 3 = 12 pencils.\n#### 12", 1.0),
+    ("One group has 5 / 0 = 0 coins.\n#### 0", 0.0),               # division by zero is never right
+    ("The answer is 12.\n#### 12", 0.0),                           # no working to check
+    ("Anna has 4 * 3 = 12 pencils.", 0.0),                         # no final answer
+    ("", 0.0), (None, 0.0), (12, 0.0),
+])
+def test_verifier_score(text, score):
+    assert ttc.verifier_score(text) == pytest.approx(score)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_verifier_never_raises(text):
+    assert 0.0 <= ttc.verifier_score(text) <= 1.0
+    assert 0.0 <= ttc.verifier_score(text + "\n2 * 3 = 6\n#### 6") <= 1.0
+
+
+def test_verifier_on_huge_numbers():
+    assert ttc.verifier_score("9" * 400 + " * 9 = 1\n#### 1") == 0.0
+
+
+def test_majority_vote():
+    assert ttc.majority_vote(["3", "5", "5", None, "3"]) == "3", "a tie goes to the answer seen first"
+    assert ttc.majority_vote([None, "7", "8", "8"]) == "8"
+    assert ttc.majority_vote([None, None]) is None and ttc.majority_vote([]) is None
+
+
+def brute_best_of_n(scores, correct, n):
+    """Enumerate every subset of size n; break ties by averaging over the tied members."""
+    total, subsets = 0.0, list(itertools.combinations(range(len(scores)), n))
+    for sub in subsets:
+        top = max(scores[i] for i in sub)
+        tied = [i for i in sub if scores[i] == top]
+        total += sum(correct[i] for i in tied) / len(tied)
+    return total / len(subsets)
+
+
+def test_best_of_n_known_values():
+    scores, correct = [0.9, 0.5, 0.5, 0.1], [True, False, True, False]
+    assert ttc.best_of_n_accuracy(scores, correct, 1) == pytest.approx(0.5)       # pass@1
+    assert ttc.best_of_n_accuracy(scores, correct, 4) == pytest.approx(1.0)       # the 0.9 sample is in
+    # n = 2: 3 of the 6 pairs contain the 0.9 sample (right); {0.5, 0.5} tie: 1/2; {0.5a, 0.1}: 0; {0.5b, 0.1}: 1
+    assert ttc.best_of_n_accuracy(scores, correct, 2) == pytest.approx((3 + 0.5 + 0 + 1) / 6)
+
+
+def test_best_of_n_matches_enumeration():
+    rng = random.Random(0)
+    for _ in range(30):
+        m = rng.randint(1, 8)
+        scores = [rng.choice([0.0, 0.5, 1.0]) for _ in range(m)]
+        correct = [rng.random() < 0.5 for _ in range(m)]
+        for n in range(1, m + 1):
+            assert ttc.best_of_n_accuracy(scores, correct, n) == pytest.approx(brute_best_of_n(scores, correct, n))
+
+
+def test_best_of_n_with_an_oracle_is_pass_at_k():
+    from utils.evaluation import pass_at_k
+    correct = [True, False, False, True, False, False, False, False]
+    for n in range(1, 9):
+        assert ttc.best_of_n_accuracy([float(c) for c in correct], correct, n) == pytest.approx(pass_at_k(8, 2, n))
+
+
+def test_best_of_n_bad_input():
+    with pytest.raises(ValueError):
+        ttc.best_of_n_accuracy([1.0], [True, False], 1)
+    with pytest.raises(ValueError):
+        ttc.best_of_n_accuracy([1.0, 0.0], [True, False], 3)
+
+
+def test_majority_vote_accuracy():
+    answers = ["4", "4", "5", None]
+    assert ttc.majority_vote_accuracy(answers, "4", 4) == 1.0
+    assert ttc.majority_vote_accuracy(answers, "5", 4) == 0.0
+    assert ttc.majority_vote_accuracy(answers, "4", 1, trials=4000) == pytest.approx(0.5, abs=0.03)
+    # n = 3 of 4: subsets {4,4,5}, {4,4,None} win; {4,5,None} is a tie, won by whichever is drawn first (1/2)
+    assert ttc.majority_vote_accuracy(answers, "4", 3, trials=4000) == pytest.approx((2 + 2 * 0.5) / 4, abs=0.03)
+    assert ttc.majority_vote_accuracy(answers, "4", 2, seed=1) == ttc.majority_vote_accuracy(answers, "4", 2, seed=1)
+    assert math.isclose(ttc.majority_vote_accuracy(["1"], "1", 1), 1.0)
