@@ -51,13 +51,13 @@ import nbformat
 
 from utils import labs
 from utils.records import read_records
+from utils.run import META_KEYS, meta_of
 
 REPO_ROOT = labs.REPO_ROOT
 KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
     "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
     "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
 }
-SELF_REPORTED = ("preset", "model", "device", "hardware")
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
 INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
 
@@ -73,10 +73,9 @@ def match_cells(lesson, submission) -> dict:
     A cell is found by its nbgrader grade_id, else by its cell id (labs keep the lesson's ids),
     else (answer cells) by the functions it defines.
     """
+    code = [c for c in submission.cells if c.cell_type == "code"]
     by_gid, by_id = {}, {}
-    for cell in submission.cells:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
+    for cell in code:
         gid = labs.grade_id(cell)
         if gid and gid not in by_gid:
             by_gid[gid] = cell
@@ -90,8 +89,7 @@ def match_cells(lesson, submission) -> dict:
         match = by_gid.get(gid) or by_id.get(cell.get("id"))
         if match is None and labs.is_solution(cell):
             names = _defined_names(cell.source)
-            match = next((c for c in submission.cells if isinstance(c, dict) and c.get("cell_type") == "code"
-                          and names and names <= _defined_names(c.get("source", ""))), None)
+            match = next((c for c in code if names and names <= _defined_names(c.source)), None)
         found[gid] = match
     return found
 
@@ -128,8 +126,7 @@ def grading_notebook(lesson, answers, lab=None):
                                   "detail": "answer cell not found; graded as the unanswered stub"})
                 source = stub.source
             else:
-                source = sub.get("source", "")
-                source = "".join(source) if isinstance(source, list) else source
+                source = sub.source
                 if source == stub.source:
                     integrity.append({"flag": "not-attempted", "grade_id": gid, "detail": "the stub is unchanged"})
             role = "answer"
@@ -140,7 +137,7 @@ def grading_notebook(lesson, answers, lab=None):
                                   "detail": "graded check deleted; restored from the lesson"})
             else:
                 theirs = copy.deepcopy(ref)
-                theirs.source = "".join(sub.get("source", "")) if isinstance(sub.get("source"), list) else sub.get("source", "")
+                theirs.source = sub.source
                 if labs.compute_checksum(theirs) != ref.metadata.nbgrader["checksum"]:
                     integrity.append({"flag": "modified", "grade_id": gid,
                                       "detail": "graded check changed (checksum differs); restored from the lesson"})
@@ -202,10 +199,6 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _text(value) -> str:
-    return "".join(value) if isinstance(value, list) else str(value or "")
-
-
 def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
     evalue = (evalue.strip().splitlines() or [""])[0][:300]
     if ename == "AssertionError":
@@ -225,9 +218,7 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
     the kernel never finished (it died).
     """
     checks, answer_errors, setup_errors, running, first_unrun = {}, [], [], None, None
-    ours = [c for c in executed.cells  # without the cells papermill adds (parameters, error banner)
-            if not {"injected-parameters", "papermill-error-cell-tag"} & set(c.metadata.get("tags", []))]
-    for i, cell in enumerate(ours):
+    for i, cell in enumerate(_own_cells(executed.cells)):
         role = cell.metadata.get("grading", {}).get("role")
         gid = cell.metadata.get("grading", {}).get("grade_id")
         pm = cell.metadata.get("papermill", {})
@@ -241,7 +232,7 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
         if role == "check":
             points = cell.metadata["nbgrader"]["points"]
             if error is not None:
-                ename, evalue = error.get("ename", "Error"), _text(error.get("evalue"))
+                ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
                 res = {"passed": False, "ename": ename, "message": _check_message(ename, evalue, cell_timeout)}
             elif ran:
                 res = {"passed": True, "ename": None, "message": ""}
@@ -250,11 +241,17 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
             checks[gid] = {**res, "points": points if res["passed"] else 0, "max_points": points}
         elif error is not None:
             entry = {"cell": i + 1, "grade_id": gid,
-                     "error": _check_message(error.get("ename", "Error"), _text(error.get("evalue")), cell_timeout)}
+                     "error": _check_message(error.get("ename", "Error"), error.get("evalue", ""), cell_timeout)}
             (answer_errors if role == "answer" else setup_errors).append(entry)
     if running is None and stopped:  # a dead kernel: the first cell it never finished
         running = first_unrun
     return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
+
+
+def _own_cells(cells: list) -> list:
+    """The grading notebook's cells, without those papermill adds (injected parameters, error banner)."""
+    return [c for c in cells if not {"injected-parameters", "papermill-error-cell-tag"}
+            & set(c.get("metadata", {}).get("tags", []))]
 
 
 def _running_cell(executed_path: Path) -> int | None:
@@ -263,8 +260,7 @@ def _running_cell(executed_path: Path) -> int | None:
         cells = json.loads(executed_path.read_text(encoding="utf-8"))["cells"]
     except (OSError, ValueError, KeyError, TypeError):
         return None  # not written yet, or caught mid-write
-    ours = [c for c in cells if not {"injected-parameters", "papermill-error-cell-tag"} & set(c.get("metadata", {}).get("tags", []))]
-    return next((i for i, c in enumerate(ours) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
+    return next((i for i, c in enumerate(_own_cells(cells)) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
                  and _limited(c.get("metadata", {}))), None)
 
 
@@ -392,11 +388,11 @@ def self_reported(nb) -> tuple[dict, list, list[str]]:
         records, problems = {}, [f"records unreadable: {e}"]
     figures = []
     for cell in nb.cells:
-        for out in cell.get("outputs", []) if isinstance(cell, dict) else []:
-            png = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
+        for out in cell.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
             if png:
                 try:
-                    figures.append(base64.b64decode(_text(png)))
+                    figures.append(base64.b64decode(png))
                 except (ValueError, TypeError):
                     problems.append("a figure could not be decoded")
     if not records:
@@ -485,10 +481,10 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
         lines += ["## Notes", "", *issues, ""]
     records, figures = result.get("records", {}), result.get("figures", 0)
     lines += ["## Your run (self-reported, not re-run by the grader)", ""]
-    meta = {k: next((v for key, v in records.items() if key.split("/", 1)[-1] == k), None) for k in SELF_REPORTED}
+    meta = meta_of(records)
     lines.append("Ran with " + ", ".join(f"{k} `{v if v is not None else 'unknown'}`" for k, v in meta.items()) + ".")
     lines.append("")
-    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in SELF_REPORTED}
+    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in META_KEYS}
     if metrics:
         lines += ["| record | value |", "|---|---|"]
         lines += [f"| {k} | {json.dumps(v) if not isinstance(v, float) else f'{v:.4g}'} |" for k, v in metrics.items()]
@@ -517,7 +513,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
                                    "message": "not graded: the file is not a notebook", "ename": None}
                 for c in lesson.cells if labs.is_grade(c)}}
         else:
-            theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name") if isinstance(nb.get("metadata"), dict) else None
+            theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
             result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout)
             if theirs and theirs != lab_name:
                 result["wrong-lab"] = theirs
@@ -537,9 +533,8 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     row["total"] = sum(c["points"] for c in checks.values())
     row["max"] = sum(c["max_points"] for c in checks.values())
     row["flags"] = " ".join(_flags(sub, result))
-    records = result.get("records", {})
-    for k in SELF_REPORTED:
-        row[k] = next((v for key, v in records.items() if key.split("/", 1)[-1] == k), "")
+    for k, v in meta_of(result.get("records", {})).items():
+        row[k] = "" if v is None else v
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "feedback" / f"{safe}.md").write_text(feedback_markdown(student, lab_name, sub, result, safe), encoding="utf-8")
     return row
@@ -571,7 +566,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
     check_ids = [labs.grade_id(c) for c in lesson.cells if labs.is_grade(c)]
-    columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *SELF_REPORTED]
+    columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *META_KEYS]
     rows, lock = [], threading.Lock()
     csv_path = out / "grades.csv"
     write_csv(rows, columns, csv_path)

@@ -34,10 +34,9 @@ from pathlib import Path
 
 import nbformat
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+from utils.run import LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, find_lessons
+
 LABS_DIR = REPO_ROOT / "labs"
-LESSON_GLOB = "[0-9][0-9]_*.ipynb"
 SETUP_TAG = "grader-setup"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -255,8 +254,6 @@ def build_lab(lesson, name: str):
 
 def lesson_paths(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
     """Lessons named by number ('01' or '1') or stem; all of them when none is given."""
-    from utils.run import find_lessons
-
     return find_lessons(selectors, notebooks_dir)
 
 

@@ -288,8 +288,7 @@ def execute_lesson(notebook: Path, out_dir: Path, preset: str, seed: int = 0, re
             result["records"] = read_records(output)
         except ValueError as e:
             print(f"  warning: could not read the records of {output}: {e}")
-    for meta in META_KEYS:
-        value = next((v for k, v in result["records"].items() if k.split("/", 1)[-1] == meta), None)
+    for meta, value in meta_of(result["records"]).items():
         if value is not None:
             result[meta] = value
     log.info(f"===== end {notebook.stem}: {result['status']} in {result['wall_s']} s")
@@ -304,6 +303,11 @@ def describe_error(result: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- summary
+def meta_of(records: dict) -> dict:
+    """What a run was: {"preset", "model", "device", "hardware"} from its records (None when not recorded)."""
+    return {meta: next((v for k, v in records.items() if k.split("/", 1)[-1] == meta), None) for meta in META_KEYS}
+
+
 def metrics_of(records: dict) -> dict:
     """Numeric records with the lesson prefix removed ('01/acc' -> 'acc'), minus preset/model/device."""
     out = {}

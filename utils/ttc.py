@@ -50,7 +50,7 @@ def verifier_score(text) -> float:
     for a, op, b, c in equations:
         value = _OPS[op](float(a), float(b))
         right += math.isfinite(value) and abs(value - float(c)) < 1e-6 * max(1.0, abs(value))
-    consistent = rewards.answers_match(final, rewards.normalize_number(equations[-1][3]))
+    consistent = rewards.answers_match(final, equations[-1][3])
     return right / len(equations) * (1.0 if consistent else 0.5)
 
 
