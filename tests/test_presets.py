@@ -69,7 +69,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04'"):
+    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06'\]"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 
@@ -190,6 +190,14 @@ def test_every_preset_defines_every_lesson_key(lesson_id):
             assert lesson["batch_size"] * lesson["grad_accum"] == lesson["prompts_per_step"] * lesson["num_generations"]
             assert lesson["num_generations"] in lesson["sweep_generations"]
             assert lesson["temperature"] in lesson["sweep_temperatures"]
+        if lesson_id == "05":   # one generation batch of whole groups = two optimizer steps
+            assert lesson["batch_size"] * lesson["steps_per_generation"] == (
+                lesson["prompts_per_step"] * lesson["num_generations"])
+            assert lesson["steps_per_generation"] == 2 * lesson["grad_accum"]
+            assert lesson["max_steps"] % 2 == 0 and lesson["beta"] == 0.0
+            assert 0 < lesson["soft_punish_cache"] < lesson["max_completion_length"]
+            assert lesson["epsilon_high"] > lesson["epsilon"] and lesson["seeds"]
+            assert lesson["ttc_problems"] <= lesson["n_test"]
     assert presets.PRESETS["tiny"]["needs_gpu"] is False
     assert all(spec["needs_gpu"] for name, spec in presets.PRESETS.items() if name != "tiny")
 

@@ -344,6 +344,30 @@ def test_grpo_config_rejects_inconsistent_sizes_and_missing_vllm(tmp_path, monke
         rl.grpo_config(presets.resolve("tiny", lesson="04", use_vllm=True), tmp_path)
 
 
+
+@pytest.mark.parametrize("preset", ["tiny", "24g"])
+def test_lesson05_configs_split_each_generation_batch_into_two_steps(tmp_path, preset, monkeypatch):
+    from utils import presets
+
+    monkeypatch.setattr(presets, "_check_gpu", lambda *a: None)        # sizes only: no GPU or Hub needed
+    monkeypatch.setattr(presets, "_hub_downloads", lambda *a: [])
+    cfg = presets.resolve(preset, lesson="05")
+    grpo = rl.grpo_config(cfg, tmp_path, loss_type="dr_grpo", scale_rewards="none")
+    rloo = rl.rloo_config(cfg, tmp_path)
+    for args in (grpo, rloo):
+        assert args.generation_batch_size == cfg.prompts_per_step * cfg.num_generations
+        assert args.steps_per_generation == 2 * args.gradient_accumulation_steps, "two optimizer steps per batch"
+        assert (args.num_generations, args.temperature, args.max_completion_length) == (
+            cfg.num_generations, cfg.temperature, cfg.max_completion_length)
+        assert args.beta == cfg.beta == 0.0, "RLOOConfig's own default is 0.05: the preset's beta is passed"
+        assert args.lr_scheduler_type == "constant_with_warmup"
+    assert (grpo.loss_type, grpo.scale_rewards) == ("dr_grpo", "none")
+    assert rl.grpo_config(cfg, tmp_path, epsilon_high=cfg.epsilon_high).epsilon_high == 0.28
+    with pytest.raises(ValueError, match="multiple of grad_accum"):
+        rl.rloo_config(presets.resolve("tiny", lesson="05", grad_accum=3), tmp_path)
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        rl.rloo_config(presets.resolve("tiny", lesson="05", num_generations=4), tmp_path)
+
 # ----------------------------------------------------------------------------- DAPO pieces (lesson 05)
 def test_zero_std_groups():
     r = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])

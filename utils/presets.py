@@ -52,6 +52,12 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps",
            "use_vllm", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
            "sweep_generations", "sweep_temperatures"),
+    "05": ("model", "dataset", "difficulty", "sft_steps", "n_train", "n_test", "num_generations", "prompts_per_step",
+           "batch_size", "grad_accum", "steps_per_generation", "temperature", "max_completion_length",
+           "learning_rate", "max_steps", "warmup_ratio", "beta", "loss_type", "epsilon", "epsilon_high",
+           "soft_punish_cache", "use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+           "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps", "use_vllm", "seeds",
+           "ttc_problems", "ttc_samples"),
     "06": ("model", "dataset", "difficulty", "sft_steps", "n_test", "max_new_tokens", "eval_batch_size", "ppl_problems",
            "blocksize", "outlier_prompts", "outlier_threshold", "qlora_steps", "lora_r", "lora_alpha"),
 }
@@ -125,6 +131,22 @@ _GPU_04 = {
     "sweep_generations": [2, 4, 8, 16],
     "sweep_temperatures": [0.7, 1.0, 1.3],
 }
+# Lesson 05 on the GPU presets: lesson 04's sizes, two optimizer steps per generation batch.
+_GPU_05 = {
+    **{k: v for k, v in _GPU_04.items() if k not in ("hack_steps", "hack_learning_rate", "sampled_eval_prompts",
+                                                     "sweep_prompts", "sweep_generations", "sweep_temperatures")},
+    "batch_size": 16,             # completions per forward/backward
+    "grad_accum": 4,              # 64 completions per optimizer step
+    "steps_per_generation": 8,    # 16 x 8 = 128 completions sampled at once = 2 optimizer steps (the 2nd off-policy)
+    "max_steps": 200,             # optimizer steps: 100 generation batches
+    "beta": 0.0,                  # TRL's default, and DAPO's and Dr. GRPO's choice: no reference model
+    "epsilon": 0.2,
+    "epsilon_high": 0.28,         # DAPO's clip-higher (used by the DAPO run only)
+    "soft_punish_cache": 64,      # DAPO's L_cache: the overlong penalty ramps over the last 64 of 256 tokens
+    "seeds": [0],                 # more seeds: SEEDS=[0, 1, 2] (each seed trains the four methods again)
+    "ttc_problems": 200,
+    "ttc_samples": 32,
+}
 _GPU_06 = {
     "dataset": GSM8K,
     "difficulty": "mixed",
@@ -177,7 +199,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 05 3 min 12 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -295,6 +317,42 @@ PRESETS: dict[str, dict] = {
                 "sweep_generations": [2, 4, 8, 16],
                 "sweep_temperatures": [0.7, 1.0, 1.3],
             },
+            "05": {
+                "model": str(TINY_MODEL_DIR),
+                "dataset": "synthetic",
+                "difficulty": "mixed",
+                "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
+                "n_train": 4000,            # RL prompt pool
+                "n_test": 500,
+                "num_generations": 8,
+                "prompts_per_step": 16,
+                "batch_size": 64,           # completions per optimizer step
+                "grad_accum": 1,
+                "steps_per_generation": 2,  # 16 x 8 = 128 completions sampled at once = 2 optimizer steps
+                "temperature": 1.0,
+                "max_completion_length": 80,
+                "learning_rate": 1e-3,      # lesson 04's LoRA rate
+                "max_steps": 16,            # optimizer steps: 8 generation batches per method
+                "warmup_ratio": 0.0,
+                "beta": 0.0,                # TRL's default: no reference model
+                "loss_type": "dapo",        # TRL's default; each method sets its own
+                "epsilon": 0.2,
+                "epsilon_high": 0.28,       # DAPO's clip-higher
+                "soft_punish_cache": 16,    # the overlong penalty ramps over the last 16 of 80 tokens
+                "use_lora": True,
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.0,
+                "lora_target_modules": list(QWEN_LORA_TARGETS),
+                "eval_batch_size": 250,
+                "gradient_checkpointing": False,
+                "save_steps": 0,
+                "logging_steps": 1,
+                "use_vllm": False,
+                "seeds": [0],               # one seed fits the 4-minute budget; the spread is estimated below
+                "ttc_problems": 100,
+                "ttc_samples": 32,
+            },
             "06": {
                 "model": str(TINY_MODEL_DIR),
                 "dataset": "synthetic",
@@ -349,6 +407,8 @@ PRESETS: dict[str, dict] = {
             "03": {**_GPU_03, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32},
             "04": {**_GPU_04, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32,
                    "prompts_per_step": 8, "batch_size": 8, "grad_accum": 8},
+            "05": {**_GPU_05, "model": "Qwen/Qwen2.5-0.5B-Instruct", "n_test": 500, "eval_batch_size": 32,
+                   "prompts_per_step": 8, "batch_size": 8, "grad_accum": 4, "steps_per_generation": 8},
             "06": {**_GPU_06, "model": "Qwen/Qwen2.5-0.5B-Instruct"},
         },
     },
@@ -386,6 +446,7 @@ PRESETS: dict[str, dict] = {
             "02": {**_GPU_02, "model": "Qwen/Qwen3-1.7B-Base"},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-1.7B-Base"},
             "04": {**_GPU_04, "model": "Qwen/Qwen3-1.7B-Base"},
+            "05": {**_GPU_05, "model": "Qwen/Qwen3-1.7B-Base"},
             "06": {**_GPU_06, "model": "Qwen/Qwen3-1.7B-Base"},
         },
     },
@@ -428,6 +489,8 @@ PRESETS: dict[str, dict] = {
                    "gradient_checkpointing": False},
             "03": {**_GPU_03, "model": "Qwen/Qwen3-4B-Base", "gradient_checkpointing": False},
             "04": {**_GPU_04, "model": "Qwen/Qwen3-4B-Base", "batch_size": 32, "grad_accum": 4},
+            "05": {**_GPU_05, "model": "Qwen/Qwen3-4B-Base", "batch_size": 32, "grad_accum": 2,
+                   "steps_per_generation": 4, "seeds": [0, 1, 2]},
             "06": {**_GPU_06, "model": "Qwen/Qwen3-4B-Base"},
         },
     },

@@ -350,36 +350,60 @@ def completion_logps(model, batch: dict, temperature: float = 1.0) -> torch.Tens
 
 
 # ----------------------------------------------------------------------------- TRL configuration
-def grpo_config(cfg, output_dir, **overrides):
-    """``trl.GRPOConfig`` for a resolved lesson-04 preset (``utils.presets.resolve(..., lesson="04")``).
-
-    :func:`utils.sft.trainer_kwargs` (precision and activation checkpointing explicit: TRL's
-    configs default to ``bf16=True`` and to checkpointing on) plus the GRPO fields in TRL's names:
-    ``num_generations``, ``max_completion_length``, ``temperature``, ``beta``, ``loss_type``,
-    ``use_vllm``. ``per_device_train_batch_size`` counts *completions*; one optimizer step
-    consumes one generation batch of ``batch_size * grad_accum = prompts_per_step *
-    num_generations`` completions (TRL's default ``steps_per_generation = grad_accum``: on-policy).
-    The learning rate is constant after warm-up. ``overrides``: any ``GRPOConfig`` field.
-    """
+def _rl_kwargs(cfg, output_dir, overrides: dict) -> dict:
+    """The fields ``GRPOConfig`` and ``RLOOConfig`` share, from a resolved lesson-04/05 preset."""
     import importlib.util
-
-    from trl import GRPOConfig
 
     from .sft import trainer_kwargs
 
-    if cfg.batch_size * cfg.grad_accum != cfg.prompts_per_step * cfg.num_generations:
+    steps_per_generation = getattr(cfg, "steps_per_generation", None) or cfg.grad_accum
+    if steps_per_generation % cfg.grad_accum:
+        raise ValueError(f"steps_per_generation ({steps_per_generation}) must be a multiple of grad_accum "
+                         f"({cfg.grad_accum}): each optimizer step takes grad_accum micro-batches of one generation batch")
+    if cfg.batch_size * steps_per_generation != cfg.prompts_per_step * cfg.num_generations:
         raise ValueError(
-            f"batch_size * grad_accum ({cfg.batch_size} * {cfg.grad_accum}) must equal prompts_per_step * "
-            f"num_generations ({cfg.prompts_per_step} * {cfg.num_generations}): one optimizer step is one "
-            "generation batch of whole groups")
+            f"batch_size * steps_per_generation ({cfg.batch_size} * {steps_per_generation}) must equal "
+            f"prompts_per_step * num_generations ({cfg.prompts_per_step} * {cfg.num_generations}): one generation "
+            "batch holds whole groups (steps_per_generation defaults to grad_accum)")
     use_vllm = bool(overrides.get("use_vllm", cfg.use_vllm))
     if use_vllm and importlib.util.find_spec("vllm") is None:
         raise ImportError("use_vllm=True needs vLLM, which is not in the pinned requirements: "
                           "`pip install vllm` (Linux + CUDA GPU), or run with USE_VLLM=False")
     kw = {**trainer_kwargs(cfg, output_dir),
           "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
-          "temperature": cfg.temperature, "beta": cfg.beta, "loss_type": cfg.loss_type,
+          "temperature": cfg.temperature, "beta": cfg.beta, "steps_per_generation": steps_per_generation,
           "lr_scheduler_type": "constant_with_warmup", "use_vllm": use_vllm}
     if use_vllm:
         kw["vllm_mode"] = "colocate"      # one GPU: generation and training share it
+    return kw
+
+
+def grpo_config(cfg, output_dir, **overrides):
+    """``trl.GRPOConfig`` for a resolved lesson-04/05 preset (``utils.presets.resolve(..., lesson="04")``).
+
+    :func:`utils.sft.trainer_kwargs` (precision and activation checkpointing explicit: TRL's
+    configs default to ``bf16=True`` and to checkpointing on) plus the GRPO fields in TRL's names:
+    ``num_generations``, ``max_completion_length``, ``temperature``, ``beta``, ``loss_type``,
+    ``steps_per_generation``, ``use_vllm``. ``per_device_train_batch_size`` counts *completions*;
+    one generation batch of ``batch_size * steps_per_generation = prompts_per_step *
+    num_generations`` completions is sampled at a time and split into ``steps_per_generation /
+    grad_accum`` optimizer steps. ``steps_per_generation`` defaults to ``grad_accum`` (TRL's
+    default: one optimizer step per generation batch, fully on-policy, so the clip never binds);
+    lesson 05 uses two optimizer steps per batch, so the second is off-policy and ``epsilon_high``
+    matters. The learning rate is constant after warm-up. ``overrides``: any ``GRPOConfig`` field.
+    """
+    from trl import GRPOConfig
+
+    kw = {**_rl_kwargs(cfg, output_dir, overrides), "loss_type": cfg.loss_type}
     return GRPOConfig(**{**kw, **overrides})
+
+
+def rloo_config(cfg, output_dir, **overrides):
+    """``trl.RLOOConfig`` for a resolved lesson-05 preset: the same sizes, precision and schedule as
+    :func:`grpo_config` (RLOO has no ``loss_type``: its loss is per sequence). TRL's ``RLOOConfig``
+    defaults to ``beta=0.05``; the preset's ``beta`` is passed explicitly. ``overrides``: any
+    ``RLOOConfig`` field.
+    """
+    from trl import RLOOConfig
+
+    return RLOOConfig(**{**_rl_kwargs(cfg, output_dir, overrides), **overrides})

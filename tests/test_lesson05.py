@@ -1,0 +1,69 @@
+"""Lesson 05 runs end to end on `tiny` under papermill; its records show each effect it claims."""
+import pytest
+
+from lesson_run import records_fixture
+
+records = records_fixture("05")
+METHODS = ("grpo", "dr_grpo", "dapo", "rloo")
+
+
+@pytest.mark.slow
+def test_overlong_reward_equals_trls(records):
+    assert records["05/overlong_matches_trl"] is True
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_filter(records):
+    # the filter kept exactly the groups the DAPO run needs, and dropped some on the way
+    assert records["05/filter_kept"] == 16 * records["05/max_steps"] // 2   # prompts_per_step x generation batches
+    assert records["05/filter_sampled"] == records["05/filter_kept"] + records["05/filter_dropped"]
+    assert records["05/filter_dropped"] > 0
+    assert records["05/filter_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_length_bias_in_the_loss(records):
+    # "grpo"'s 1/|o| weight pushes each token of a long wrong answer less than one of a short wrong answer;
+    # the token-level losses weight tokens by their advantage only
+    grpo, dapo, dr_grpo = (records[f"05/push_long_vs_short_wrong_{lt}"] for lt in ("grpo", "dapo", "dr_grpo"))
+    assert grpo < 0.8
+    assert grpo < 0.8 * dapo and grpo < 0.8 * dr_grpo
+
+
+@pytest.mark.slow
+def test_four_methods_ran_on_one_budget(records):
+    for m in METHODS:
+        assert 0 <= records[f"05/{m}_accuracy"] <= 1
+        assert records[f"05/{m}_train_seconds"] > 0
+        assert records[f"05/{m}_entropy_start"] > 0 and records[f"05/{m}_entropy_end"] > 0
+        assert records[f"05/{m}_length_wrong_start"] > 0 and records[f"05/{m}_length_right_start"] > 0
+        # a method that collapsed (never stops, or stops at once) would fail these
+        assert records[f"05/{m}_accuracy"] > records["05/sft_accuracy"] - 0.08
+    # the same generation budget for training: within 25 % in tokens (lengths differ), DAPO's filter on top
+    train_tokens = [records[f"05/{m}_tokens"] for m in ("grpo", "dr_grpo", "rloo")]
+    assert max(train_tokens) < 1.25 * min(train_tokens)
+    assert records["05/dapo_tokens"] > min(train_tokens) + 0.5 * records["05/filter_tokens"]
+    # dynamic sampling trains on groups that had signal: fewer silent groups than plain GRPO
+    assert 0 < records["05/dapo_zero_std"] < records["05/grpo_zero_std"]
+    assert 0 < records["05/grpo_zero_std"] < 1
+
+
+@pytest.mark.slow
+def test_test_time_compute(records):
+    ns = sorted(int(k.rsplit("_N", 1)[1]) for k in records if k.startswith("05/ttc_best_of_n_N"))
+    assert ns[0] == 1 and ns[-1] == records["05/ttc_samples"]
+    best = [records[f"05/ttc_best_of_n_N{n}"] for n in ns]
+    assert all(b <= a + 1e-12 for b, a in zip(best, best[1:])), f"best-of-N must not decrease with N: {best}"
+    assert best[-1] > best[0] + 0.1, "the verifier picks right answers far more often than chance"
+    for n in ns:   # pass@N bounds every selection rule
+        assert records[f"05/ttc_best_of_n_N{n}"] <= records[f"05/ttc_pass_N{n}"] + 1e-12
+        # majority vote is averaged over 200 random subsets per problem: a Monte Carlo margin
+        assert records[f"05/ttc_majority_N{n}"] <= records[f"05/ttc_pass_N{n}"] + 0.015
+    assert records["05/ttc_best_of_n_N1"] == pytest.approx(records["05/ttc_pass_N1"])
+    # hard problems (never solved in M samples): nothing to select
+    m = records["05/ttc_samples"]
+    assert records["05/bucket_hard_size"] > 0 and records[f"05/ttc_pass_hard_N{m}"] == 0
+    assert records[f"05/ttc_best_of_n_medium_N{m}"] > records[f"05/ttc_best_of_n_hard_N{m}"]
+    assert sum(records[f"05/bucket_{b}_size"] for b in ("hard", "medium", "easy")) == records["05/ttc_problems"]
+    assert records["05/n_match"] > 1
+
