@@ -199,7 +199,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 05 3 min 12 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 05 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -332,7 +332,7 @@ PRESETS: dict[str, dict] = {
                 "temperature": 1.0,
                 "max_completion_length": 80,
                 "learning_rate": 1e-3,      # lesson 04's LoRA rate
-                "max_steps": 16,            # optimizer steps: 8 generation batches per method
+                "max_steps": 12,            # optimizer steps: 6 generation batches per method
                 "warmup_ratio": 0.0,
                 "beta": 0.0,                # TRL's default: no reference model
                 "loss_type": "dapo",        # TRL's default; each method sets its own
