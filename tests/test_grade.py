@@ -27,6 +27,28 @@ def graded(tmp_path_factory):
     return {"root": root, "subs": subs, "out": root / "out", "rows": rows, "before": before}
 
 
+
+@pytest.mark.parametrize("announced", [True, False])
+def test_a_dead_kernel_is_blamed_on_the_cell_it_died_in(announced):
+    # The kernel dies inside an answer cell (os._exit). Whether nbclient saw that cell's execute_input
+    # before the death is a race: either way the answer is the culprit, not the check after it.
+    def cell(role, gid, started, answered, count):
+        c = nbformat.v4.new_code_cell("pass", execution_count=count)
+        c.metadata["grading"] = {"role": role, "grade_id": gid}
+        if role == "check":
+            c.metadata["nbgrader"] = {"points": 2}
+        c.metadata["execution"] = {**({"iopub.execute_input": "t0"} if started else {}),
+                                   **({"shell.execute_reply": "t1"} if answered else {})}
+        return c
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("setup", None, True, True, 1),
+        cell("answer", "x-answer", announced, False, 2 if announced else None),
+        cell("check", "x", False, False, None)])
+    run = grade.read_run(nb, cell_timeout=8, stopped="DeadKernelError: Kernel died")
+    assert run["running"] == 1
+    assert run["checks"]["x"]["passed"] is False and run["checks"]["x"]["ename"] == "NotRun"
+    assert grade.read_run(nb, cell_timeout=8)["running"] is None, "a run that did not stop early blames nobody"
+
 def test_find_submissions_layouts(tmp_path):
     (tmp_path / "ann.ipynb").write_text("{}")
     (tmp_path / "ben.ipynb.txt").write_text("{}")

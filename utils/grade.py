@@ -214,10 +214,12 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
     """Per-check results and the errors of answer/setup cells, from an executed grading notebook.
 
     ``running`` is the index of the cell the run stopped in: the one papermill marks as running
-    (the process was killed), else, when ``stopped`` says the run stopped early, the first cell
-    the kernel never finished (it died).
+    (the process was killed), else, when ``stopped`` says the run stopped early, the cell the
+    kernel died in: the one it started (nbclient records ``iopub.execute_input``) but never
+    answered (no ``shell.execute_reply``), or, when the kernel died before it even announced the
+    cell, the first cell it never started.
     """
-    checks, answer_errors, setup_errors, running, first_unrun = {}, [], [], None, None
+    checks, answer_errors, setup_errors, running, first_unrun, unanswered = {}, [], [], None, None, None
     for i, cell in enumerate(_own_cells(executed.cells)):
         role = cell.metadata.get("grading", {}).get("role")
         gid = cell.metadata.get("grading", {}).get("grade_id")
@@ -229,6 +231,9 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
         ran = cell.get("execution_count") is not None
         if not ran and first_unrun is None:
             first_unrun = i
+        timing = cell.get("metadata", {}).get("execution", {})
+        if unanswered is None and (ran or "iopub.execute_input" in timing) and "shell.execute_reply" not in timing:
+            unanswered = i
         if role == "check":
             points = cell.metadata["nbgrader"]["points"]
             if error is not None:
@@ -243,8 +248,8 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
             entry = {"cell": i + 1, "grade_id": gid,
                      "error": _check_message(error.get("ename", "Error"), error.get("evalue", ""), cell_timeout)}
             (answer_errors if role == "answer" else setup_errors).append(entry)
-    if running is None and stopped:  # a dead kernel: the first cell it never finished
-        running = first_unrun
+    if running is None and stopped:  # a dead kernel: the cell it never answered
+        running = unanswered if unanswered is not None else first_unrun
     return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
 
 
