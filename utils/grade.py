@@ -231,7 +231,7 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
         ran = cell.get("execution_count") is not None
         if not ran and first_unrun is None:
             first_unrun = i
-        timing = cell.get("metadata", {}).get("execution", {})
+        timing = cell.metadata.get("execution", {})
         if unanswered is None and (ran or "iopub.execute_input" in timing) and "shell.execute_reply" not in timing:
             unanswered = i
         if role == "check":

@@ -131,10 +131,55 @@ _GPU_04 = {
     "sweep_generations": [2, 4, 8, 16],
     "sweep_temperatures": [0.7, 1.0, 1.3],
 }
+
+
+def _rl_lesson(lesson04: dict) -> dict:
+    """Lesson 04's RL settings without its lesson-04-only knobs (the hack run and the sweeps): lesson 05's base."""
+    only04 = ("hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts", "sweep_generations",
+              "sweep_temperatures")
+    return {k: v for k, v in lesson04.items() if k not in only04}
+
+
+# Lesson 04 on tiny (lesson 05 on tiny starts from it)
+_TINY_04 = {
+    "model": str(TINY_MODEL_DIR),
+    "dataset": "synthetic",
+    "difficulty": "mixed",
+    "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
+    "n_train": 4000,            # RL prompt pool
+    "n_test": 500,
+    "num_generations": 8,
+    "prompts_per_step": 16,
+    "batch_size": 128,          # completions per step: one generation batch, one optimizer step
+    "grad_accum": 1,
+    "temperature": 1.0,
+    "max_completion_length": 80,
+    "learning_rate": 1e-3,      # LoRA adapters on a 1.7 M model; 1e-2 makes it never stop
+    "max_steps": 27,
+    "warmup_ratio": 0.0,
+    "beta": 0.04,
+    "loss_type": "dapo",        # TRL's default
+    "use_lora": True,           # the reference for beta > 0 is the model with its adapter disabled
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,
+    "lora_target_modules": list(QWEN_LORA_TARGETS),
+    "eval_batch_size": 250,
+    "gradient_checkpointing": False,
+    "save_steps": 0,
+    "logging_steps": 1,
+    "use_vllm": False,
+    "hack_steps": 15,
+    "hack_learning_rate": 3e-3,  # 3x the real run: the exploit shows within seconds
+    "sampled_eval_prompts": 150,
+    "sweep_prompts": 32,
+    "sweep_generations": [2, 4, 8, 16],
+    "sweep_temperatures": [0.7, 1.0, 1.3],
+}
+
 # Lesson 05 on the GPU presets: lesson 04's sizes, two optimizer steps per generation batch.
 _GPU_05 = {
-    **{k: v for k, v in _GPU_04.items() if k not in ("hack_steps", "hack_learning_rate", "sampled_eval_prompts",
-                                                     "sweep_prompts", "sweep_generations", "sweep_temperatures")},
+    **_rl_lesson(_GPU_04),
     "batch_size": 16,             # completions per forward/backward
     "grad_accum": 4,              # 64 completions per optimizer step
     "steps_per_generation": 8,    # 16 x 8 = 128 completions sampled at once = 2 optimizer steps (the 2nd off-policy)
@@ -282,77 +327,18 @@ PRESETS: dict[str, dict] = {
                 "save_steps": 0,
                 "logging_steps": 5,
             },
-            "04": {
-                "model": str(TINY_MODEL_DIR),
-                "dataset": "synthetic",
-                "difficulty": "mixed",
-                "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
-                "n_train": 4000,            # RL prompt pool
-                "n_test": 500,
-                "num_generations": 8,
-                "prompts_per_step": 16,
-                "batch_size": 128,          # completions per step: one generation batch, one optimizer step
-                "grad_accum": 1,
-                "temperature": 1.0,
-                "max_completion_length": 80,
-                "learning_rate": 1e-3,      # LoRA adapters on a 1.7 M model; 1e-2 makes it never stop
-                "max_steps": 27,
-                "warmup_ratio": 0.0,
-                "beta": 0.04,
-                "loss_type": "dapo",        # TRL's default
-                "use_lora": True,           # the reference for beta > 0 is the model with its adapter disabled
-                "lora_r": 16,
-                "lora_alpha": 32,
-                "lora_dropout": 0.0,
-                "lora_target_modules": list(QWEN_LORA_TARGETS),
-                "eval_batch_size": 250,
-                "gradient_checkpointing": False,
-                "save_steps": 0,
-                "logging_steps": 1,
-                "use_vllm": False,
-                "hack_steps": 15,
-                "hack_learning_rate": 3e-3,  # 3x the real run: the exploit shows within seconds
-                "sampled_eval_prompts": 150,
-                "sweep_prompts": 32,
-                "sweep_generations": [2, 4, 8, 16],
-                "sweep_temperatures": [0.7, 1.0, 1.3],
-            },
-            "05": {
-                "model": str(TINY_MODEL_DIR),
-                "dataset": "synthetic",
-                "difficulty": "mixed",
-                "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
-                "n_train": 4000,            # RL prompt pool
-                "n_test": 500,
-                "num_generations": 8,
-                "prompts_per_step": 16,
-                "batch_size": 64,           # completions per optimizer step
-                "grad_accum": 1,
-                "steps_per_generation": 2,  # 16 x 8 = 128 completions sampled at once = 2 optimizer steps
-                "temperature": 1.0,
-                "max_completion_length": 80,
-                "learning_rate": 1e-3,      # lesson 04's LoRA rate
-                "max_steps": 12,            # optimizer steps: 6 generation batches per method
-                "warmup_ratio": 0.0,
-                "beta": 0.0,                # TRL's default: no reference model
-                "loss_type": "dapo",        # TRL's default; each method sets its own
-                "epsilon": 0.2,
-                "epsilon_high": 0.28,       # DAPO's clip-higher
-                "soft_punish_cache": 16,    # the overlong penalty ramps over the last 16 of 80 tokens
-                "use_lora": True,
-                "lora_r": 16,
-                "lora_alpha": 32,
-                "lora_dropout": 0.0,
-                "lora_target_modules": list(QWEN_LORA_TARGETS),
-                "eval_batch_size": 250,
-                "gradient_checkpointing": False,
-                "save_steps": 0,
-                "logging_steps": 1,
-                "use_vllm": False,
-                "seeds": [0],               # one seed fits the 4-minute budget; the spread is estimated below
-                "ttc_problems": 100,
-                "ttc_samples": 32,
-            },
+            "04": _TINY_04,
+            "05": {**_rl_lesson(_TINY_04),
+                   "batch_size": 64,           # completions per optimizer step
+                   "steps_per_generation": 2,  # 16 x 8 = 128 completions sampled at once = 2 optimizer steps
+                   "max_steps": 12,            # optimizer steps: 6 generation batches per method
+                   "beta": 0.0,                # TRL's default: no reference model
+                   "epsilon": 0.2,
+                   "epsilon_high": 0.28,       # DAPO's clip-higher
+                   "soft_punish_cache": 16,    # the overlong penalty ramps over the last 16 of 80 tokens
+                   "seeds": [0],               # one seed fits the 4-minute budget; the spread is estimated below
+                   "ttc_problems": 100,
+                   "ttc_samples": 32},
             "06": {
                 "model": str(TINY_MODEL_DIR),
                 "dataset": "synthetic",
