@@ -17,8 +17,11 @@ entry to every preset and lists its keys in :data:`LESSON_KEYS`. A notebook call
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -28,6 +31,8 @@ from . import runtime
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-qwen"
 TINY_MODEL_LABEL = "tiny-qwen (embedded)"
+# Peak GPU memory and step times of the GPU presets, measured with architecture twins (utils/twins.py).
+TWIN_MEASUREMENTS = Path(__file__).resolve().parent / "assets" / "twin-measurements.json"
 
 # Keys every preset must define for a lesson (tests check this; add a line per new lesson).
 LESSON_KEYS: dict[str, tuple[str, ...]] = {
@@ -237,6 +242,9 @@ _GPU_03 = {
     "logging_steps": 10,
 }
 
+TWIN_NOTE = ("peak GPU memory per lesson measured with architecture twins on an H100 (utils/twins.py; "
+             "measurement(preset, lesson) reads utils/assets/twin-measurements.json); time on this GPU unmeasured")
+
 PRESETS: dict[str, dict] = {
     "tiny": {
         "description": "CPU, embedded tiny Qwen3 model, synthetic arithmetic problems; no network",
@@ -362,7 +370,7 @@ PRESETS: dict[str, dict] = {
         "needs_gpu": True,
         "min_gpu_gb": 14.0,       # torch reports a T4 as ~14.7 GiB
         "bf16": False,            # fp16 mixed precision
-        "measured": "unmeasured",
+        "measured": TWIN_NOTE,
         "lessons": {
             "01": {
                 "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -403,7 +411,7 @@ PRESETS: dict[str, dict] = {
         "needs_gpu": True,
         "min_gpu_gb": 20.0,
         "bf16": True,
-        "measured": "unmeasured",
+        "measured": TWIN_NOTE,
         "lessons": {
             "01": {
                 "model": "Qwen/Qwen3-1.7B-Base",
@@ -445,7 +453,7 @@ PRESETS: dict[str, dict] = {
         "needs_gpu": True,
         "min_gpu_gb": 70.0,
         "bf16": True,
-        "measured": "unmeasured",
+        "measured": TWIN_NOTE,
         "lessons": {
             "01": {
                 "model": "Qwen/Qwen3-4B-Base",
@@ -527,6 +535,8 @@ class LessonConfig:
         rows = [("preset", self.preset), ("model", self.model_label), ("device", self.device),
                 ("dtype", runtime.dtype_name(self.dtype))]
         rows += [(k, self.params[k]) for k in TABLE_KEYS if k in self.params]
+        if PRESETS.get(self.preset, {}).get("needs_gpu"):
+            rows.append(("measured", measured_note(self.preset, self.lesson)))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -551,6 +561,58 @@ def _model_label(model: str) -> str:
             return TINY_MODEL_LABEL
         return f"{path.name} (local)"
     return model
+
+
+# ----------------------------------------------------------------------------- twin measurements
+def params_digest(params: dict) -> str:
+    """A short hash of a lesson's preset parameters (model and dataset excluded): when it differs from
+    the digest stored with a measurement, the preset changed after it was measured."""
+    body = {k: v for k, v in params.items() if k not in ("model", "dataset")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def _twin_records() -> dict:
+    if not TWIN_MEASUREMENTS.exists():
+        return {}
+    return json.loads(TWIN_MEASUREMENTS.read_text()).get("presets", {})
+
+
+def measurement(preset: str, lesson) -> dict | None:
+    """The architecture-twin record of ``lesson`` on GPU ``preset`` (``utils/assets/twin-measurements.json``:
+    ``peak_gb`` = peak ``torch.cuda.max_memory_reserved`` in GiB, ``phases`` with seconds per step or
+    batch), or None when that lesson was not measured or its preset has changed since."""
+    lesson = _lesson_id(lesson)
+    record = _twin_records().get(preset, {}).get(lesson)
+    if not record or not record.get("phases") or preset not in PRESETS:
+        return None
+    if record.get("params_digest") != params_digest(PRESETS[preset]["lessons"][lesson]):
+        return None
+    return record
+
+
+def measured_note(preset: str, lesson) -> str:
+    """One line for the resolution table: the measured peak and main training step, or "unmeasured"."""
+    record = measurement(preset, lesson)
+    if record is None:
+        return "unmeasured"
+    note = f"peak {record['peak_gb']:.1f} GB"
+    main = next((name for name in record.get("training_minutes", {}) if name in record["phases"]), None)
+    if main:
+        phase = record["phases"][main]
+        note += f", {phase['seconds']:g} s per {phase['unit']} ({main})"
+    return note + " on an H100 (architecture twin)"
+
+
+def _memory_warning(name: str, lesson: str, info: dict) -> None:
+    """Print a warning when this GPU has less memory than the lesson's measured peak on this preset."""
+    record = measurement(name, lesson)
+    if record and record["peak_gb"] > info["total_gb"]:
+        worst = max(record["phases"], key=lambda k: record["phases"][k]["peak_gb"] or 0)
+        print(f"[presets] warning: lesson {lesson} on {name!r} peaked at {record['peak_gb']:.1f} GB of GPU memory "
+              f"({worst!r}) in an architecture-twin run, and {info['name']} has {info['total_gb']:g} GB. The figure "
+              "is an upper bound (PyTorch's allocator cache, answers of the full max_completion_length); if it runs "
+              "out of memory, lower prompts_per_step / batch_size / eval_batch_size (see the README's GPU table).")
 
 
 # ----------------------------------------------------------------------------- hub / cache checks
@@ -708,6 +770,7 @@ def resolve(preset: str = "auto", lesson: str = "01", **overrides) -> LessonConf
     dev = runtime.device()
     if spec["needs_gpu"]:
         _check_gpu(name, spec)
+        _memory_warning(name, lesson, runtime.gpu_info())
         needed = _hub_downloads(params)
         if needed and not runtime.hub_reachable():
             raise _hub_error(name, needed)

@@ -218,13 +218,13 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
 
 
 def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Path, resume: bool = False,
-              **overrides):
+              callbacks=None, **overrides):
     """Chat-format SFT with ``transformers.Trainer`` and the loss mask above.
 
     Trains all weights when the preset says ``full_finetune``, else LoRA adapters.
     Returns the trainer (``trainer.model`` is trained; ``trainer.state.log_history``
     holds the curves). With ``resume=True`` it continues from the newest checkpoint
-    in ``output_dir`` when there is one.
+    in ``output_dir`` when there is one. ``callbacks``: extra ``TrainerCallback``s (e.g. a step clock).
     """
     from transformers import Trainer
 
@@ -235,7 +235,7 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
         overrides.setdefault("learning_rate", cfg.lora_learning_rate)
     train = [tokenize_sft_example(tokenizer, data.to_messages(p), cfg.max_length) for p in problems]
     trainer = quiet(Trainer(model=model, args=training_arguments(cfg, output_dir, **overrides), train_dataset=train,
-                            data_collator=lambda b: collate(b, tokenizer.pad_token_id)))
+                            data_collator=lambda b: collate(b, tokenizer.pad_token_id), callbacks=callbacks))
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     return trainer
 

@@ -1,0 +1,183 @@
+"""utils.twins (architecture twins for the GPU presets) and the committed measurements they produced.
+
+The GPU itself is not here: these tests check the architectures against the model cards, run every
+lesson's measurement code on a CPU-sized twin, and check the committed figures and how the presets
+report them."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_presets import RTX4090, fake_gpu
+
+from utils import presets, runtime, twins
+
+# Parameter counts the model cards state (total, non-embedding), in billions, as rounded there.
+MODEL_CARDS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ("0.49", "0.36"),
+    "Qwen/Qwen3-1.7B-Base": ("1.7", "1.4"),
+    "Qwen/Qwen3-4B-Base": ("4.0", "3.6"),
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(MODEL_CARDS))
+def test_architecture_matches_the_model_card(model_id):
+    total = twins.parameter_count(model_id)
+    arch = twins.ARCHITECTURES[model_id]
+    non_embedding = total - arch["vocab_size"] * arch["hidden_size"]   # tied: the embedding is counted once
+    card_total, card_non_embedding = MODEL_CARDS[model_id]
+    decimals = len(card_total.split(".")[1])
+    assert f"{total / 1e9:.{decimals}f}" == card_total, (model_id, total)
+    assert f"{non_embedding / 1e9:.{len(card_non_embedding.split('.')[1])}f}" == card_non_embedding
+    assert arch["tie_word_embeddings"] and arch["vocab_size"] == 151936
+
+
+def test_every_gpu_preset_model_has_a_twin():
+    models = {spec["lessons"][les]["model"] for spec in presets.PRESETS.values() if spec["needs_gpu"]
+              for les in spec["lessons"]}
+    assert models <= set(twins.ARCHITECTURES), models - set(twins.ARCHITECTURES)
+
+
+def test_unknown_architecture_is_a_clear_error():
+    with pytest.raises(ValueError, match="No architecture twin for 'Qwen/Qwen9'"):
+        twins.twin_config("Qwen/Qwen9")
+
+
+def test_problems_have_the_requested_lengths():
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(presets.TINY_MODEL_DIR)
+    rows = twins.problems(tok, 3, prompt_tokens=60, answer_tokens=100)
+    assert len(rows) == 3 and rows[0]["answer"].endswith("#### 0")
+    n_answer = len(tok(rows[0]["answer"], add_special_tokens=False)["input_ids"])
+    assert 92 <= n_answer <= 130, n_answer
+
+
+# ----------------------------------------------------------------------------- every lesson on a CPU-sized twin
+SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=1024)
+SHRINK = dict(batch_size=2, packed_batch_size=2, grad_accum=1, max_length=64, max_new_tokens=8,
+              max_completion_length=8, eval_batch_size=4, n_samples=2, num_generations=2, prompts_per_step=2,
+              ttc_samples=2, lora_r=4, lora_alpha=8, gradient_checkpointing=True)
+
+
+def small_resolve(preset, lesson, **overrides):
+    """The GPU preset's lesson config with CPU-sized batches and lengths (keeps its LoRA, beta, loss_type ...)."""
+    lesson = presets._lesson_id(lesson)
+    params = dict(presets.PRESETS[preset]["lessons"][lesson])
+    params.update({k: v for k, v in SHRINK.items() if k in params})
+    if "steps_per_generation" in params:          # lesson 05: two optimizer steps per generation batch
+        params.update(steps_per_generation=2)
+    elif "num_generations" in params:             # lesson 04: one generation batch per optimizer step
+        params.update(grad_accum=2)
+    params.update(overrides)
+    return presets.LessonConfig(preset=preset, lesson=lesson, device="cpu", dtype=torch.float32,
+                                model_label="twin", params=params)
+
+
+@pytest.fixture(scope="module")
+def small_twin(tmp_path_factory):
+    return twins.build_twin("Qwen/Qwen3-1.7B-Base", tmp_path_factory.mktemp("twin"), torch.float32, **SMALL)
+
+
+PHASES = {
+    "01": {"sft train", "greedy eval"},
+    "02": {"SFTTrainer padded", "SFTTrainer packed", "QLoRA (NF4) padded", "greedy eval"},
+    "03": {"preference sampling", "DPO train"},
+    "04": {"GRPO train", "greedy eval", "sampled eval"},
+    "05": {"DAPO train", "RLOO train", "test-time sampling"},
+    "06": {"fp32 eval", "int8 eval", "NF4 eval", "QLoRA train"},
+}
+
+
+@pytest.mark.parametrize("lesson", sorted(PHASES))
+def test_each_lesson_measures_on_a_cpu_twin(lesson, small_twin, tmp_path):
+    record = twins.measure_lesson("24g", lesson, small_twin, tmp_path, steps=2, resolve=small_resolve)
+    assert "error" not in record, record.get("error")
+    assert set(record["phases"]) == PHASES[lesson]
+    assert all(p["seconds"] > 0 and p["peak_gb"] is None for p in record["phases"].values())   # no GPU: no peak
+    assert set(record["training_minutes"]) <= set(record["phases"]) and record["training_minutes"]
+    assert record["params_digest"] == presets.params_digest(presets.PRESETS["24g"]["lessons"][lesson])
+
+
+def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_path):
+    """The tool caps every training phase at `steps` (the preset's max_steps would take hours on a GPU)."""
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(small_twin)
+    cfg = small_resolve("24g", "01", model=str(small_twin))
+    phases = twins.Phases()
+    trainer = twins._train_sft(phases, "sft", twins._load(cfg), tok, cfg, tmp_path, steps=2)
+    assert trainer.state.global_step == 2 and cfg.max_steps == 500
+
+
+def test_a_failing_lesson_is_reported_not_raised(small_twin, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setitem(twins.LESSONS, "03", broken)
+    record = twins.measure_lesson("24g", "03", small_twin, tmp_path, resolve=small_resolve)
+    assert record["error"] == "RuntimeError: CUDA out of memory (simulated)" and record["phases"] == {}
+
+
+def test_measure_needs_a_gpu(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "utils.twins", "measure", "--out", str(tmp_path / "x.json")],
+                         capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})
+    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+# ----------------------------------------------------------------------------- the committed measurements
+def committed():
+    return json.loads(presets.TWIN_MEASUREMENTS.read_text())
+
+
+def test_committed_measurements_cover_every_gpu_preset_and_lesson():
+    data = committed()
+    assert data["environment"]["gpu"].startswith("NVIDIA H100") and data["environment"]["trl"] == "1.16.0"
+    for name in presets._gpu_presets():
+        for lesson in presets.PRESETS[name]["lessons"]:
+            record = data["presets"][name][lesson]
+            assert record["model"] == presets.PRESETS[name]["lessons"][lesson]["model"]
+            if record["phases"]:
+                assert record["peak_gb"] == max(p["peak_gb"] for p in record["phases"].values()) > 0
+                assert all(p["seconds"] > 0 for p in record["phases"].values())
+            else:  # not measured: the record says why
+                assert record["peak_gb"] is None and record["error"].startswith("not measured")
+
+
+def test_measurement_is_dropped_when_the_preset_changes(monkeypatch):
+    assert presets.measurement("24g", "04")["peak_gb"] == committed()["presets"]["24g"]["04"]["peak_gb"]
+    changed = {**presets.PRESETS["24g"]["lessons"]["04"], "prompts_per_step": 8}
+    monkeypatch.setitem(presets.PRESETS["24g"]["lessons"], "04", changed)
+    assert presets.measurement("24g", "04") is None
+    assert presets.measured_note("24g", "04") == "unmeasured"
+
+
+def test_unmeasured_lessons_say_so():
+    for name in presets._gpu_presets():
+        for lesson in presets.PRESETS[name]["lessons"]:
+            if not committed()["presets"][name][lesson]["phases"]:
+                assert presets.measured_note(name, lesson) == "unmeasured"
+    assert presets.measurement("tiny", "01") is None
+
+
+def test_resolution_table_shows_the_measurement_on_gpu_presets_only():
+    gpu = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
+                               params=dict(presets.PRESETS["24g"]["lessons"]["04"]))
+    assert gpu.table().endswith("measured    peak 33.5 GB, 29.19 s per generation batch (GRPO train) on an H100 "
+                                "(architecture twin)")
+    assert "measured" not in presets.resolve("tiny", lesson="04").table()
+
+
+def test_memory_warning_when_the_gpu_is_smaller_than_the_measured_peak(capsys):
+    peak = presets.measurement("24g", "04")["peak_gb"]
+    presets._memory_warning("24g", "04", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
+    out = capsys.readouterr().out
+    assert f"peaked at {peak:.1f} GB" in out and "'GRPO train'" in out and "lower prompts_per_step" in out
+    presets._memory_warning("24g", "03", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
+    presets._memory_warning("24g", "01", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})   # unmeasured
+    assert capsys.readouterr().out == ""
+
+
+def test_resolve_prints_the_warning_on_a_small_gpu(monkeypatch, capsys):
+    fake_gpu(monkeypatch, *RTX4090)
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
+    cfg = presets.resolve("24g", lesson="05")
+    assert cfg.preset == "24g" and "[presets] warning: lesson 05 on '24g' peaked at 38.6 GB" in capsys.readouterr().out

@@ -1,0 +1,507 @@
+"""Architecture twins: measure the GPU presets without downloading a model.
+
+A *twin* has the real architecture of a preset's Hub model (its ``config.json`` values, copied
+below) and random weights. Memory and step time depend on the architecture, the sizes and the
+sequence lengths, not on what the weights have learnt, so a twin measures what a preset needs
+(peak GPU memory, seconds per step) on a machine that cannot reach the Hub. What a twin cannot
+measure is anything about quality (accuracy, rewards), and how long the real model's answers are:
+a random model never emits its end-of-sequence token, so every generation here runs to the
+preset's token limit, and every training example is cut at the preset's ``max_length``. The
+figures are therefore upper bounds for a real run with the same sizes.
+
+The twin uses the embedded tiny tokenizer (its ids are valid in Qwen's vocabulary; the model keeps
+Qwen's 151,936-row embedding and output layer, which dominate the memory of the logits).
+
+Each lesson's heaviest phases are run with the lesson's own code paths (``utils.sft``,
+``utils.dpo``, ``utils.rl`` configs, TRL's trainers, PEFT's LoRA, bitsandbytes), for a few
+steps, with the models the lesson keeps resident at that point::
+
+    python -m utils.twins measure --preset 24g --lessons 01 04 --out twins-24g.json
+
+writes one record per lesson (phases with ``peak_gb`` = ``torch.cuda.max_memory_reserved`` and
+``seconds`` per step or per batch; the lesson's peak and its extrapolated training time) and
+the preset's parameters it measured, so ``tests/test_twins.py`` can tell when a preset changed
+after it was measured. The committed figures are in ``utils/assets/twin-measurements.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from . import presets
+
+MEASUREMENTS_FILE = presets.TWIN_MEASUREMENTS
+
+# config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
+ARCHITECTURES: dict[str, dict] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=896,
+        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        max_position_embeddings=32768, max_window_layers=21, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False, bos_token_id=151643,
+        eos_token_id=151645),
+    "Qwen/Qwen3-1.7B-Base": dict(
+        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
+        eos_token_id=151643),
+    "Qwen/Qwen3-4B-Base": dict(
+        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2560,
+        intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
+        eos_token_id=151643),
+}
+
+# Token lengths of the twin's data: a GSM8K prompt in Qwen's chat template is about 80-200 tokens.
+PROMPT_TOKENS = 160
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+# ----------------------------------------------------------------------------- twins
+def twin_config(model_id: str, **overrides):
+    """The ``transformers`` config of ``model_id``'s architecture (random weights come from it).
+
+    ``overrides`` change fields (the tests shrink a twin to CPU size with them)."""
+    from transformers import AutoConfig
+
+    if model_id not in ARCHITECTURES:
+        raise ValueError(f"No architecture twin for {model_id!r}; known: {sorted(ARCHITECTURES)}")
+    fields = {**ARCHITECTURES[model_id], **overrides}
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def build_twin(model_id: str, out_dir, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
+               **overrides) -> Path:
+    """Save a random-weight twin of ``model_id`` (in ``dtype``) with the tiny tokenizer to ``out_dir``.
+
+    The weights are drawn on ``device`` (a GPU draws a 4B model in seconds). Returns ``out_dir``,
+    which loads like the Hub model: ``AutoModelForCausalLM.from_pretrained(out_dir)``."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(twin_config(model_id, **overrides), dtype=dtype)
+    model.generation_config.eos_token_id = None   # the tiny tokenizer's stop tokens decide (evaluation.py)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(presets.TINY_MODEL_DIR / name, out / name)
+    del model
+    return out
+
+
+def parameter_count(model_id: str) -> int:
+    """Parameters of ``model_id``'s architecture (tied embeddings counted once), without weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(twin_config(model_id))
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- data of a given length
+def _text(tokenizer, n_tokens: int, seed: int) -> str:
+    """Word-problem-like text of about ``n_tokens`` tokens (whole sentences, ending in a line break)."""
+    import random
+
+    rng = random.Random(seed)
+    words, text = ["apples", "pencils", "marbles", "dollars", "books", "cookies"], ""
+    while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < n_tokens:
+        a, b = rng.randint(10, 99), rng.randint(2, 9)
+        text += f"She has {a} {rng.choice(words)} and buys {b} times as many, so {a} * {b} = {a * b}.\n"
+    return text
+
+
+def problems(tokenizer, n: int, prompt_tokens: int = PROMPT_TOKENS, answer_tokens: int = 256) -> list[dict]:
+    """``n`` problems in the course schema whose chat prompt and answer have about these token counts."""
+    question, steps = _text(tokenizer, prompt_tokens - 20, 0), _text(tokenizer, answer_tokens - 8, 1)
+    return [{"question": f"Problem {i}: {question}", "answer": f"{steps}#### {i}"} for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- measuring
+class _Clock:
+    """A trainer callback that timestamps every optimizer step's end."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        self.ends: list[float] = []
+        clock = self
+
+        class _CB(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                _sync()
+                clock.ends.append(time.perf_counter())
+
+        self.callback = _CB()
+
+    def per_step(self, start: float) -> float:
+        """Seconds per optimizer step: steps 2..N when there are two or more (step 1 warms up)."""
+        if len(self.ends) >= 2:
+            return (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1)
+        return self.ends[-1] - start if self.ends else float("nan")
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _reset():
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gb(kind: str = "reserved") -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_reserved() if kind == "reserved" else torch.cuda.max_memory_allocated()
+    return round(peak / 2**30, 2)
+
+
+class Phases:
+    """Collects one lesson's phases: ``with phases("name", unit="step"): ...`` records peak memory
+    (``peak_gb``: ``torch.cuda.max_memory_reserved``, what PyTorch's caching allocator took from the
+    GPU; ``allocated_gb``: the tensors' own peak, which the allocator's cache can exceed) and wall
+    time; ``phases.seconds(name, s)`` replaces the time with a per-step figure measured inside."""
+
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+
+    def __call__(self, name: str, unit: str, count: int = 1):
+        phases = self
+
+        class _Ctx:
+            def __enter__(self):
+                _reset()
+                self.t = time.perf_counter()
+                return self
+
+            def __exit__(self, *exc):
+                _sync()
+                if exc[0] is None:
+                    phases.rows[name] = {"unit": unit, "seconds": round((time.perf_counter() - self.t) / count, 2),
+                                         "peak_gb": _peak_gb(), "allocated_gb": _peak_gb("allocated")}
+        return _Ctx()
+
+    def seconds(self, name: str, value: float) -> None:
+        self.rows[name]["seconds"] = round(value, 2)
+
+
+def _load(cfg, path=None, **kw):
+    from transformers import AutoModelForCausalLM
+
+    if "quantization_config" in kw:
+        return AutoModelForCausalLM.from_pretrained(path or cfg.model, device_map=cfg.device, **kw)
+    dtype = kw.pop("dtype", cfg.dtype)
+    return AutoModelForCausalLM.from_pretrained(path or cfg.model, dtype=dtype, **kw).to(cfg.device)
+
+
+def _lora(cfg):
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+
+
+def _generate_batch(phases, name, model, tokenizer, cfg, max_new_tokens, n=1, temperature=1.0):
+    """One evaluation batch of ``cfg.eval_batch_size`` sequences (``n`` samples per prompt)."""
+    from . import evaluation
+
+    prompts = evaluation.format_prompts(tokenizer, problems(tokenizer, max(1, cfg.eval_batch_size // n)), "chat")
+    kw = dict(do_sample=True, temperature=temperature, num_return_sequences=n) if n > 1 else {}
+    with phases(name, "batch"):
+        evaluation.generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=cfg.eval_batch_size,
+                            progress=False, **kw)
+
+
+def _train_sft(phases, name, model, tokenizer, cfg, out, steps):
+    from . import sft
+
+    clock = _Clock()
+    data = problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, answer_tokens=cfg.max_length)
+    with phases(name, "step") as ctx:
+        trainer = sft.train_sft(model, tokenizer, data, cfg, out, callbacks=[clock.callback], max_steps=steps,
+                                save_strategy="no")
+    phases.seconds(name, clock.per_step(ctx.t))
+    return trainer
+
+
+def _sft_trainer(phases, name, model, tokenizer, cfg, out, steps, dataset, **args):
+    from trl import SFTTrainer
+
+    from . import sft
+
+    clock = _Clock()
+    trainer = SFTTrainer(model=model, args=sft.sft_config(cfg, out, max_steps=steps, save_strategy="no", **args),
+                         train_dataset=dataset, processing_class=tokenizer, peft_config=_lora(cfg),
+                         callbacks=[clock.callback])
+    if cfg.dtype != torch.bfloat16:  # as lesson 02 does: TRL keeps a quantized model's adapters in bf16, which
+        for p in trainer.model.parameters():  # fp16 mixed precision cannot unscale (and a CPU computes slowly)
+            if p.requires_grad:
+                p.data = p.data.to(torch.float32)
+    with phases(name, "step") as ctx:
+        trainer.train()
+    phases.seconds(name, clock.per_step(ctx.t))
+
+
+def _rewards():
+    from . import rewards
+
+    return [rewards.correctness_reward, rewards.format_reward]
+
+
+def _rl_dataset(tokenizer, n):
+    from datasets import Dataset
+
+    from . import data
+
+    return Dataset.from_list([{"prompt": data.to_prompt_messages(p), "answer": p["answer"]}
+                              for p in problems(tokenizer, n)])
+
+
+def lesson01(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """SFT with ``transformers.Trainer`` (``sft.train_sft``: LoRA on the GPU presets), then greedy evaluation."""
+    phases = Phases()
+    model = _load(cfg)
+    trainer = _train_sft(phases, "sft train", model, tokenizer, cfg, out / "sft", steps)
+    _generate_batch(phases, "greedy eval", trainer.model, tokenizer, cfg, cfg.max_new_tokens)
+    return phases.rows
+
+
+def lesson02(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """SFTTrainer padded and packed (LoRA; the base model stays loaded, as in the lesson), then QLoRA on NF4."""
+    from datasets import Dataset
+    from transformers import BitsAndBytesConfig
+
+    from . import data
+
+    phases = Phases()
+    base = _load(cfg)                                           # the lesson keeps its base model for comparisons
+    rows = lambda n: Dataset.from_list([{"messages": data.to_messages(p)} for p in
+                                        problems(tokenizer, n, answer_tokens=cfg.max_length)])
+    _sft_trainer(phases, "SFTTrainer padded", _load(cfg), tokenizer, cfg, out / "padded", steps,
+                 rows(cfg.batch_size * cfg.grad_accum * steps))
+    _sft_trainer(phases, "SFTTrainer packed", _load(cfg), tokenizer, cfg, out / "packed", steps,
+                 rows(cfg.packed_batch_size * cfg.grad_accum * steps * 2), packing=True,
+                 per_device_train_batch_size=cfg.packed_batch_size)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=cfg.dtype)
+    _sft_trainer(phases, "QLoRA (NF4) padded", _load(cfg, quantization_config=bnb, dtype=cfg.dtype), tokenizer,
+                 cfg, out / "qlora", steps, rows(cfg.batch_size * cfg.grad_accum * steps))
+    _generate_batch(phases, "greedy eval", base, tokenizer, cfg, cfg.max_new_tokens)
+    return phases.rows
+
+
+def lesson03(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """On-policy sampling (``n_samples`` per prompt), DPOTrainer with LoRA (the reference is the adapter
+    disabled, log-probs precomputed), the SFT model resident for implicit rewards, as in the lesson."""
+    from datasets import Dataset
+    from trl import DPOTrainer
+
+    from . import data, dpo
+
+    phases = Phases()
+    sft_model = _load(cfg).eval()
+    _generate_batch(phases, "preference sampling", sft_model, tokenizer, cfg, cfg.max_new_tokens, n=cfg.n_samples,
+                    temperature=cfg.temperature)
+    prompt_len = min(PROMPT_TOKENS, cfg.max_length // 3)
+    pairs = [data.to_preference(p, p["answer"], p["answer"].replace("=", "is"))
+             for p in problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, prompt_tokens=prompt_len,
+                               answer_tokens=min(cfg.max_new_tokens, cfg.max_length - prompt_len))]
+    clock = _Clock()
+    trainer = DPOTrainer(model=copy.deepcopy(sft_model), ref_model=None if cfg.use_lora else copy.deepcopy(sft_model),
+                         processing_class=tokenizer, peft_config=_lora(cfg) if cfg.use_lora else None,
+                         train_dataset=Dataset.from_list(pairs), callbacks=[clock.callback],
+                         args=dpo.dpo_config(cfg, out / "dpo", max_steps=steps, precompute_ref_log_probs=True,
+                                             save_strategy="no"))
+    with phases("DPO train", "step") as ctx:
+        trainer.train()
+    phases.seconds("DPO train", clock.per_step(ctx.t))
+    return phases.rows
+
+
+def _grpo(phases, name, cfg, tokenizer, out, steps, trainer_cls=None, **overrides):
+    from trl import GRPOTrainer, RLOOTrainer
+
+    from . import rl
+
+    steps_per_batch = max(1, (getattr(cfg, "steps_per_generation", None) or cfg.grad_accum) // cfg.grad_accum)
+    clock = _Clock()
+    n_prompts = cfg.prompts_per_step * max(steps, steps_per_batch) * 2
+    common = dict(model=_load(cfg), processing_class=tokenizer, reward_funcs=_rewards(),
+                  train_dataset=_rl_dataset(tokenizer, n_prompts), peft_config=_lora(cfg) if cfg.use_lora else None,
+                  callbacks=[clock.callback])
+    if trainer_cls == "rloo":
+        trainer = RLOOTrainer(args=rl.rloo_config(cfg, out, max_steps=steps, save_strategy="no", **overrides), **common)
+    else:
+        trainer = GRPOTrainer(args=rl.grpo_config(cfg, out, max_steps=steps, save_strategy="no", **overrides), **common)
+    with phases(name, "generation batch", count=max(1, steps // steps_per_batch)):
+        trainer.train()
+    if steps_per_batch == 1:
+        phases.rows[name]["seconds"] = round(clock.per_step(clock.ends[0] if clock.ends else 0), 2)
+    return trainer
+
+
+def lesson04(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """GRPOTrainer with LoRA and ``beta > 0`` (reference = adapter disabled), the SFT model resident;
+    greedy and sampled evaluation batches."""
+    phases = Phases()
+    sft_model = _load(cfg).eval()
+    _grpo(phases, "GRPO train", cfg, tokenizer, out / "grpo", max(2, steps))
+    _generate_batch(phases, "greedy eval", sft_model, tokenizer, cfg, cfg.max_completion_length)
+    _generate_batch(phases, "sampled eval", sft_model, tokenizer, cfg, cfg.max_completion_length,
+                    n=cfg.num_generations, temperature=cfg.temperature)
+    return phases.rows
+
+
+def lesson05(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """DAPO (GRPOTrainer, two optimizer steps per generation batch) and RLOO, one generation batch each,
+    the SFT model resident; a test-time-compute sampling batch (``ttc_samples`` per prompt)."""
+    phases = Phases()
+    sft_model = _load(cfg).eval()
+    per_batch = cfg.steps_per_generation // cfg.grad_accum
+    _grpo(phases, "DAPO train", cfg, tokenizer, out / "dapo", per_batch, loss_type="dapo",
+          epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high)
+    _grpo(phases, "RLOO train", cfg, tokenizer, out / "rloo", per_batch, trainer_cls="rloo", epsilon=cfg.epsilon)
+    _generate_batch(phases, "test-time sampling", sft_model, tokenizer, cfg, cfg.max_completion_length,
+                    n=min(cfg.ttc_samples, cfg.eval_batch_size), temperature=cfg.temperature)
+    return phases.rows
+
+
+def lesson06(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """The model in fp32, int8 (LLM.int8()) and NF4 + double quantization, one evaluation batch each;
+    QLoRA (lesson 01's recipe on the NF4 base)."""
+    from transformers import BitsAndBytesConfig
+
+    phases = Phases()
+    compute = torch.float32 if cfg.device == "cpu" else cfg.dtype
+    variants = {
+        "fp32 eval": dict(dtype=torch.float32),
+        "int8 eval": dict(quantization_config=BitsAndBytesConfig(load_in_8bit=True)),
+        "NF4 eval": dict(quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute)),
+    }
+    for name, kw in variants.items():
+        model = _load(cfg, **kw).eval()
+        _generate_batch(phases, name, model, tokenizer, cfg, cfg.max_new_tokens)
+        phases.rows[name]["weights_gb"] = round(model.get_memory_footprint() / 2**30, 2)
+        del model
+    qlora_cfg = resolve(cfg.preset, lesson="01", model=cfg.model, dataset=cfg.dataset, max_steps=cfg.qlora_steps,
+                        full_finetune=False, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha)
+    base4 = _load(cfg, **variants["NF4 eval"])
+    _train_sft(phases, "QLoRA train", base4, tokenizer, qlora_cfg, out / "qlora", steps)
+    return phases.rows
+
+
+LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06}
+
+
+def _training_steps(cfg, lesson: str) -> dict:
+    """The optimizer steps of a lesson's longest training runs on this preset (for the time estimate)."""
+    if lesson == "01":
+        return {"sft train": cfg.max_steps}
+    if lesson == "02":
+        return {"SFTTrainer padded": cfg.max_steps}
+    if lesson == "03":
+        others = [b for b in cfg.betas if b != cfg.beta]   # the run, the sweep's other betas, DPO + NLL
+        return {"DPO train": cfg.max_steps * (2 + len(others))}
+    if lesson == "04":
+        return {"GRPO train": cfg.max_steps + cfg.hack_steps}
+    if lesson == "05":
+        batches = cfg.max_steps * cfg.grad_accum // cfg.steps_per_generation
+        return {"DAPO train": 3 * batches * len(cfg.seeds), "RLOO train": batches * len(cfg.seeds)}
+    return {"QLoRA train": cfg.qlora_steps}
+
+
+def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve) -> dict:
+    """Measure one lesson of ``preset`` with the twin in ``model_dir``. Returns its record.
+
+    ``resolve`` makes the lesson configs (``presets.resolve``; the tests pass one that shrinks the
+    sizes to run on a CPU). A phase that fails is reported in ``error`` and loses nothing measured before it."""
+    from transformers import AutoTokenizer
+
+    cfg = resolve(preset, lesson=lesson, model=str(model_dir), dataset="synthetic")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    t = time.perf_counter()
+    rows, error = {}, None
+    try:
+        rows = LESSONS[lesson](cfg, tokenizer, Path(out_dir), steps, resolve)
+    except Exception as err:  # one lesson's failure must not lose the others' figures
+        error = f"{type(err).__name__}: {err}"[:500]
+        traceback.print_exc()
+    estimate = {name: round(rows[name]["seconds"] * n / 60, 1) for name, n in _training_steps(cfg, lesson).items()
+                if name in rows and not math.isnan(rows[name]["seconds"])}
+    return {"model": presets.PRESETS[preset]["lessons"][lesson]["model"],
+            "dtype": presets.runtime.dtype_name(cfg.dtype), "phases": rows, "peak_gb": max((r["peak_gb"] or 0 for r in rows.values()), default=None),
+            "training_minutes": estimate, "measure_seconds": round(time.perf_counter() - t, 1),
+            "params_digest": presets.params_digest(presets.PRESETS[preset]["lessons"][lesson]),
+            **({"error": error} if error else {})}
+
+
+def measure(preset: str, lessons, out_dir, steps: int = 3) -> dict:
+    """Measure ``lessons`` of a GPU ``preset`` on this GPU with twins. Returns ``{lesson: record}``."""
+    out_dir = Path(out_dir)
+    spec = presets.PRESETS[preset]
+    results, twins = {}, {}
+    for lesson in lessons:
+        model_id = spec["lessons"][lesson]["model"]
+        if model_id not in twins:
+            twins[model_id] = build_twin(model_id, out_dir / "twins" / model_id.split("/")[-1],
+                                         presets._preset_dtype(spec, "cuda"), "cuda")
+        results[lesson] = measure_lesson(preset, lesson, twins[model_id], out_dir / lesson, steps)
+        print(json.dumps({preset: {lesson: results[lesson]}}), flush=True)
+    return results
+
+
+def _environment() -> dict:
+    from . import runtime
+
+    info = runtime.gpu_info()
+    return {"gpu": info["name"] if info else None, "gpu_total_gb": info["total_gb"] if info else None,
+            "date": time.strftime("%Y-%m-%d"),
+            **{k: runtime._version(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate")}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m utils.twins", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="measure GPU presets with architecture twins (needs a CUDA GPU)")
+    m.add_argument("--preset", nargs="+", default=["t4-16g", "24g", "80g"])
+    m.add_argument("--lessons", nargs="+", default=sorted(LESSONS))
+    m.add_argument("--steps", type=int, default=3, help="optimizer steps per training phase (default 3)")
+    m.add_argument("--work", default="/tmp/twins", help="where twins and trainer outputs go")
+    m.add_argument("--out", required=True, help="JSON file for the results (rewritten after each preset)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("measuring the GPU presets needs a CUDA GPU (torch sees none)")
+    unknown = [p for p in args.preset if p not in presets.PRESETS or not presets.PRESETS[p]["needs_gpu"]]
+    if unknown:
+        parser.error(f"not GPU presets: {unknown}; choose from {presets._gpu_presets()}")
+    report = {"environment": _environment(), "presets": {}}
+    for preset in args.preset:
+        report["presets"][preset] = measure(preset, [presets._lesson_id(x) for x in args.lessons],
+                                            Path(args.work) / preset, args.steps)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        shutil.rmtree(Path(args.work) / preset, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
