@@ -15,7 +15,7 @@ def test_from_scratch_loss_matches_grpo_trainer(records):
 def test_naive_reward_is_gamed(records):
     # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines
     assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 0.1
-    assert records["04/hack_accuracy_after"] < records["04/hack_accuracy_before"] - 0.05
+    assert records["04/hack_accuracy_after"] < 0.5 * records["04/hack_accuracy_before"]
     assert records["04/hack_lines_per_answer_after"] > records["04/hack_lines_per_answer_before"] + 1
     assert records["04/hack_characters_per_answer_after"] > 1.5 * records["04/hack_characters_per_answer_before"]
     assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.3
@@ -27,9 +27,18 @@ def test_grpo_run(records):
     assert records["04/grpo_format_compliance"] >= 0.9
     assert records["04/kl_last"] > 0, "beta > 0: the KL to the reference is logged and grows from 0"
     assert 0 < records["04/frac_reward_zero_std_mean"] < 1
-    # sampled accuracy is what GRPO optimises directly; greedy accuracy must at least not fall
     assert records["04/grpo_pass@1"] > records["04/sft_pass@1"]
-    assert records["04/grpo_accuracy"] >= records["04/sft_accuracy"]
+    # the target: held-out greedy accuracy at least 10 points above the SFT start
+    assert records["04/grpo_accuracy"] >= records["04/sft_accuracy"] + 0.10
+    assert records["04/accuracy_gain"] == pytest.approx(records["04/grpo_accuracy"] - records["04/sft_accuracy"])
+
+
+@pytest.mark.slow
+def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
+    # the SFT model mostly names the answer without working it out (it saw 60 % such answers);
+    # GRPO, rewarded on the final number only, makes it work the problem out
+    assert records["04/sft_shortcut_share"] > 0.5
+    assert records["04/grpo_shortcut_share"] < 0.1
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "learning_rate", "max_steps", "warmup_ratio", "beta", "betas", "use_lora", "lora_r", "lora_alpha",
            "lora_dropout", "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps",
            "logging_steps"),
-    "04": ("model", "dataset", "difficulty", "sft_steps", "n_train", "n_test", "num_generations", "prompts_per_step",
+    "04": ("model", "dataset", "difficulty", "sft_steps", "shortcut_share", "n_train", "n_test", "num_generations", "prompts_per_step",
            "batch_size", "grad_accum", "temperature", "max_completion_length", "learning_rate", "max_steps",
            "warmup_ratio", "beta", "loss_type", "use_lora", "lora_r", "lora_alpha", "lora_dropout",
            "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps",
@@ -106,6 +106,7 @@ _GPU_04 = {
     "dataset": GSM8K,
     "difficulty": "mixed",
     "sft_steps": 300,             # lesson 01's recipe, shortened: the format, not the last point of accuracy
+    "shortcut_share": 0.6,        # SFT answers that skip the working ("The answer is N."): GRPO's choice to make
     "n_train": 7473,              # prompt pool for RL (GSM8K train)
     "n_test": 1319,
     "num_generations": 8,
@@ -140,8 +141,8 @@ _GPU_04 = {
 
 def _rl_lesson(lesson04: dict) -> dict:
     """Lesson 04's RL settings without its lesson-04-only knobs (the hack run and the sweeps): lesson 05's base."""
-    only04 = ("hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts", "sweep_generations",
-              "sweep_temperatures")
+    only04 = ("shortcut_share", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
+              "sweep_generations", "sweep_temperatures")
     return {k: v for k, v in lesson04.items() if k not in only04}
 
 
@@ -150,7 +151,8 @@ _TINY_04 = {
     "model": str(TINY_MODEL_DIR),
     "dataset": "synthetic",
     "difficulty": "mixed",
-    "sft_steps": 60,            # lesson 01's tiny recipe, unchanged
+    "sft_steps": 120,           # lesson 01's tiny recipe, twice as long: 40 % of its answers show the working
+    "shortcut_share": 0.6,      # SFT answers that skip the working ("The answer is N.")
     "n_train": 4000,            # RL prompt pool
     "n_test": 500,
     "num_generations": 8,
@@ -160,7 +162,7 @@ _TINY_04 = {
     "temperature": 1.0,
     "max_completion_length": 80,
     "learning_rate": 1e-3,      # LoRA adapters on a 1.7 M model; 1e-2 makes it never stop
-    "max_steps": 27,
+    "max_steps": 20,
     "warmup_ratio": 0.0,
     "beta": 0.04,
     "loss_type": "dapo",        # TRL's default
@@ -252,7 +254,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 31 s, lesson 05 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 52 s, lesson 05 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -337,6 +339,7 @@ PRESETS: dict[str, dict] = {
             },
             "04": _TINY_04,
             "05": {**_rl_lesson(_TINY_04),
+                   "sft_steps": 60,            # lesson 01's tiny recipe, unchanged (lesson 04 doubles it)
                    "batch_size": 64,           # completions per optimizer step
                    "steps_per_generation": 2,  # 16 x 8 = 128 completions sampled at once = 2 optimizer steps
                    "max_steps": 12,            # optimizer steps: 6 generation batches per method
@@ -564,10 +567,15 @@ def _model_label(model: str) -> str:
 
 
 # ----------------------------------------------------------------------------- twin measurements
+# Keys that change what the data says, not how large anything is: a twin measurement does not depend on them.
+CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_share")
+
+
 def params_digest(params: dict) -> str:
-    """A short hash of a lesson's preset parameters (model and dataset excluded): when it differs from
-    the digest stored with a measurement, the preset changed after it was measured."""
-    body = {k: v for k, v in params.items() if k not in ("model", "dataset")}
+    """A short hash of a lesson's preset parameters (the model, checked separately, and the
+    :data:`CONTENT_KEYS` excluded): when it differs from the digest stored with a measurement, the
+    preset's sizes changed after it was measured."""
+    body = {k: v for k, v in params.items() if k not in CONTENT_KEYS}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -586,7 +594,8 @@ def measurement(preset: str, lesson) -> dict | None:
     record = _twin_records().get(preset, {}).get(lesson)
     if not record or not record.get("phases") or preset not in PRESETS:
         return None
-    if record.get("params_digest") != params_digest(PRESETS[preset]["lessons"][lesson]):
+    params = PRESETS[preset]["lessons"][lesson]
+    if record.get("params_digest") != params_digest(params) or record.get("model") != params.get("model"):
         return None
     return record
 
