@@ -173,6 +173,7 @@ def test_memory_warning_when_the_gpu_is_smaller_than_the_measured_peak(capsys):
     assert f"peaked at {peak:.1f} GB" in out and "'GRPO train'" in out and "lower prompts_per_step" in out
     presets._memory_warning("24g", "03", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
     presets._memory_warning("24g", "01", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})   # unmeasured
+    presets._memory_warning("24g", "04", None)   # no GPU (a test that skips the GPU check): nothing to compare
     assert capsys.readouterr().out == ""
 
 

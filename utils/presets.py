@@ -613,10 +613,11 @@ def measured_note(preset: str, lesson) -> str:
     return note + " on an H100 (architecture twin)"
 
 
-def _memory_warning(name: str, lesson: str, info: dict) -> None:
-    """Print a warning when this GPU has less memory than the lesson's measured peak on this preset."""
+def _memory_warning(name: str, lesson: str, info: dict | None) -> None:
+    """Print a warning when this GPU (``runtime.gpu_info()``; None: no GPU, nothing to compare) has
+    less memory than the lesson's measured peak on this preset."""
     record = measurement(name, lesson)
-    if record and record["peak_gb"] > info["total_gb"]:
+    if record and info and record["peak_gb"] > info["total_gb"]:
         worst = max(record["phases"], key=lambda k: record["phases"][k]["peak_gb"] or 0)
         print(f"[presets] warning: lesson {lesson} on {name!r} peaked at {record['peak_gb']:.1f} GB of GPU memory "
               f"({worst!r}) in an architecture-twin run, and {info['name']} has {info['total_gb']:g} GB. The figure "
