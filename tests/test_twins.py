@@ -161,24 +161,42 @@ def test_unmeasured_lessons_say_so():
 def test_resolution_table_shows_the_measurement_on_gpu_presets_only():
     gpu = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
                                params=dict(presets.PRESETS["24g"]["lessons"]["04"]))
-    assert gpu.table().endswith("measured    peak 33.5 GB, 29.19 s per generation batch (GRPO train) on an H100 "
-                                "(architecture twin)")
+    assert gpu.table().endswith("measured    peak 23.3 GB (tensors 12.7 GB) with PyTorch capped at 23.4 GB, "
+                                "26.35 s per generation batch (GRPO train) on an H100 (architecture twin)")
+    old = dict(presets.measurement("80g", "04"))
+    assert presets.measured_note("80g", "04") == ("peak 37.2 GB, 39.64 s per generation batch (GRPO train) on an "
+                                                  "H100 (architecture twin)")   # a record without allocated_gb
+    assert "allocated_gb" not in old["phases"]["GRPO train"]
     assert "measured" not in presets.resolve("tiny", lesson="04").table()
 
 
 def test_memory_warning_when_the_gpu_is_smaller_than_the_measured_peak(capsys):
     peak = presets.measurement("24g", "04")["peak_gb"]
-    presets._memory_warning("24g", "04", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
+    presets._memory_warning("24g", "04", {"name": "NVIDIA A10G", "total_gb": 22.1})
     out = capsys.readouterr().out
     assert f"peaked at {peak:.1f} GB" in out and "'GRPO train'" in out and "lower prompts_per_step" in out
+    presets._memory_warning("24g", "04", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})  # ran capped at 23.4
     presets._memory_warning("24g", "03", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
-    presets._memory_warning("24g", "01", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})   # unmeasured
+    presets._memory_warning("24g", "01", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})   # 21.9 GB
+    presets._memory_warning("24g", "02", {"name": "NVIDIA A10G", "total_gb": 22.1})   # 17.5 GB
     presets._memory_warning("24g", "04", None)   # no GPU (a test that skips the GPU check): nothing to compare
     assert capsys.readouterr().out == ""
 
 
 def test_resolve_prints_the_warning_on_a_small_gpu(monkeypatch, capsys):
-    fake_gpu(monkeypatch, *RTX4090)
+    fake_gpu(monkeypatch, "NVIDIA A10G", (8, 6), 22.1)
     monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
     cfg = presets.resolve("24g", lesson="05")
-    assert cfg.preset == "24g" and "[presets] warning: lesson 05 on '24g' peaked at 38.6 GB" in capsys.readouterr().out
+    assert cfg.preset == "24g" and "[presets] warning: lesson 05 on '24g' peaked at 23.4 GB" in capsys.readouterr().out
+    fake_gpu(monkeypatch, *RTX4090)   # the card the cap played: no warning
+    presets.resolve("24g", lesson="05")
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_capped_records_stayed_under_their_cap():
+    capped = [(name, lesson, r) for name, records in committed()["presets"].items()
+              for lesson, r in records.items() if r.get("memory_cap_gb")]
+    assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05")}
+    for name, lesson, record in capped:
+        assert "error" not in record and record["peak_gb"] <= record["memory_cap_gb"]
+        assert all(p["allocated_gb"] <= p["peak_gb"] for p in record["phases"].values())

@@ -466,8 +466,8 @@ PRESETS: dict[str, dict] = {
                 "difficulty": "mixed",
                 "max_length": 512,
                 "max_new_tokens": 256,
-                "batch_size": 16,
-                "grad_accum": 2,          # effective batch 32
+                "batch_size": 8,          # 16 ran out of memory on an 80 GB H100 (twin, no checkpointing):
+                "grad_accum": 4,          # 16 x 512 tokens of fp32 logits alone take 4.6 GiB; effective batch 32
                 "learning_rate": 1e-4,
                 "full_finetune": False,     # fp32 AdamW needs ~16 B/parameter: LoRA instead
                 "lora_learning_rate": 1e-4,
@@ -601,11 +601,17 @@ def measurement(preset: str, lesson) -> dict | None:
 
 
 def measured_note(preset: str, lesson) -> str:
-    """One line for the resolution table: the measured peak and main training step, or "unmeasured"."""
+    """One line for the resolution table: the measured peak (reserved; the tensors' own peak where it was
+    recorded; the cap, where the run played a smaller card) and main training step, or "unmeasured"."""
     record = measurement(preset, lesson)
     if record is None:
         return "unmeasured"
     note = f"peak {record['peak_gb']:.1f} GB"
+    tensors = [p.get("allocated_gb") for p in record["phases"].values()]
+    if all(tensors):
+        note += f" (tensors {max(tensors):.1f} GB)"
+    if record.get("memory_cap_gb"):
+        note += f" with PyTorch capped at {record['memory_cap_gb']:g} GB"
     main = next((name for name in record.get("training_minutes", {}) if name in record["phases"]), None)
     if main:
         phase = record["phases"][main]

@@ -488,6 +488,9 @@ def main(argv=None) -> int:
     m.add_argument("--steps", type=int, default=3, help="optimizer steps per training phase (default 3)")
     m.add_argument("--work", default="/tmp/twins", help="where twins and trainer outputs go")
     m.add_argument("--out", required=True, help="JSON file for the results (rewritten after each preset)")
+    m.add_argument("--memory-gb", type=float, default=None,
+                   help="cap PyTorch's memory at this many GiB, to play a smaller card on a larger one "
+                        "(an RTX 4090 leaves about 23.4 GiB to PyTorch); a run over the cap fails as it would there")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("measuring the GPU presets needs a CUDA GPU (torch sees none)")
@@ -495,6 +498,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"not GPU presets: {unknown}; choose from {presets._gpu_presets()}")
     report = {"environment": _environment(), "presets": {}}
+    if args.memory_gb:
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb / total))
+        report["environment"]["memory_cap_gb"] = args.memory_gb
     for preset in args.preset:
         report["presets"][preset] = measure(preset, [presets._lesson_id(x) for x in args.lessons],
                                             Path(args.work) / preset, args.steps)
