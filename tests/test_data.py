@@ -83,6 +83,19 @@ def _write_gsm8k_standin(root, n=12):
         table = pa.table({"question": [r["question"] for r in rows], "answer": [r["answer"] for r in rows]})
         pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
 
+def test_shortcut_answers():
+    p = data.make_problems(1, "train", seed=0, difficulty=2)[0]
+    s = data.shortcut(p)
+    truth = data.final_answer(p["answer"])
+    assert s["answer"] == f"The answer is {truth}.\n#### {truth}" and s["question"] == p["question"]
+    assert rewards.is_well_formatted(s["answer"]) and "answer" in p and p["answer"] != s["answer"], "input unchanged"
+    assert data.is_shortcut(s["answer"]) and not data.is_shortcut(p["answer"])
+    assert data.is_shortcut("Let me think step by step.\nThe answer is 7.\n#### 7")
+    assert not data.is_shortcut("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 24"), "GSM8K working"
+    for junk in ("", "####", None, 42, "#### 3 = 3"):
+        assert data.is_shortcut(junk) is True
+
+
 
 def test_load_gsm8k_from_a_local_standin(tmp_path):
     _write_gsm8k_standin(tmp_path)

@@ -101,32 +101,52 @@ def test_implicit_rewards_zero_for_identical_models():
 
 
 def test_sample_reward_tiers():
-    assert dpo.sample_reward("3 + 4 = 7\n#### 7", "7") == 2
-    assert dpo.sample_reward("3 + 4 = 6\n#### 6", "7") == 1
-    assert dpo.sample_reward("the answer is 7", "7") == 0
-    assert dpo.sample_reward("", "7") == 0
+    """2 * correct + formatted + working (the arithmetic of the working re-done)."""
+    assert dpo.sample_reward("3 + 4 = 7\n#### 7", "7") == 4             # correct, sound working
+    assert dpo.sample_reward("The answer is 7.\n#### 7", "7") == 3      # correct guess
+    assert dpo.sample_reward("3 + 3 = 6\n#### 6", "7") == 2             # wrong, sound arithmetic
+    assert dpo.sample_reward("3 + 4 = 7\n#### 8", "7") == 1.5           # final is not the last result
+    assert dpo.sample_reward("The answer is 6.\n#### 6", "7") == 1      # wrong guess
+    assert dpo.sample_reward("3 + 4 = 6\n#### 6", "7") == 1             # wrong arithmetic
+    for junk in ("the answer is 7", "", None, 7, "#### 7\n#### 7", "1 / 0 = 7"):
+        assert dpo.sample_reward(junk, "7") == 0
 
 
 def test_preference_pairs_from_scripted_samples(monkeypatch):
-    """Chosen is correct (and concise when it can be), rejected has the lowest reward; style pairs need both styles."""
+    """Chosen is a best-scored correct answer that shows its working (concise when it can be), rejected a
+    worst-scored sample; style pairs need both styles among the chosen candidates."""
     from utils import evaluation
-    problems = [{"question": "q1", "answer": "1 + 1 = 2\n#### 2"}, {"question": "q2", "answer": "2 + 2 = 4\n#### 4"},
-                {"question": "q3", "answer": "3 + 3 = 6\n#### 6"}]
+    problems = [{"question": f"q{i}", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 5)]
     verbose = "Let me think.\n"
-    scripted = [["1 + 1 = 2\n#### 2", verbose + "1 + 1 = 2\n#### 2", "1 + 1 = 3\n#### 3", "garbage"],
-                ["2 + 2 = 4\n#### 4", "2 + 2 = 4\n#### 4"],        # all correct: no correctness pair
-                ["3 + 3 = 5\n#### 5", "nothing"]]                    # all wrong: no pair
+    scripted = [["1 + 1 = 2\n#### 2", verbose + "1 + 1 = 2\n#### 2", "The answer is 2.\n#### 2",
+                 "1 + 1 = 3\n#### 3", "The answer is 3.\n#### 3"],
+                ["2 + 2 = 4\n#### 4", "The answer is 4.\n#### 4"],  # all correct: no correctness pair
+                ["3 + 3 = 5\n#### 5", "nothing"],                     # all wrong: no pair
+                ["The answer is 8.\n#### 8", "4 + 3 = 7\n#### 7"]]   # right only by a bare guess: no pair
     monkeypatch.setattr(evaluation, "format_prompts", lambda tok, probs, fmt: [p["question"] for p in probs])
     monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
-    pairs, stats = dpo.preference_pairs(None, None, problems, n_samples=4,
+    pairs, stats = dpo.preference_pairs(None, None, problems, n_samples=5,
                                         dispreferred=lambda t: t.startswith("Let me"))
     assert (stats["correctness"], stats["style"], stats["all_correct"], stats["all_wrong"]) == (1, 1, 1, 1)
-    assert stats["sample_accuracy"] == pytest.approx(4 / 12)
+    assert stats["guessed_only"] == 1
+    assert stats["sample_accuracy"] == pytest.approx(6 / 20) and stats["samples"] == 20
+    assert stats["sample_shortcut_share"] == pytest.approx(5 / 20)  # four bare answers and "nothing"
     corr, style = pairs
     assert corr["kind"] == "correctness" and corr["chosen"][0]["content"] == "1 + 1 = 2\n#### 2"
-    assert corr["rejected"][0]["content"] == "garbage", "rejected is a lowest-reward (malformed) sample"
-    assert style["kind"] == "style" and style["rejected"][0]["content"].startswith("Let me")
+    assert corr["rejected"][0]["content"] in ("1 + 1 = 3\n#### 3", "The answer is 3.\n#### 3")
+    assert style["kind"] == "style" and style["chosen"][0]["content"] == "1 + 1 = 2\n#### 2"
+    assert style["rejected"][0]["content"].startswith("Let me")
     assert corr["prompt"] == [{"role": "user", "content": "q1"}] and corr["answer"] == problems[0]["answer"]
+
+
+def test_preference_pairs_reject_a_worst_scored_sample(monkeypatch):
+    from utils import evaluation
+    problems = [{"question": "q", "answer": "1 + 1 = 2\n#### 2"}]
+    scripted = [["1 + 1 = 2\n#### 2", "1 + 2 = 3\n#### 3", "garbage", "The answer is 5.\n#### 5"]]
+    monkeypatch.setattr(evaluation, "format_prompts", lambda tok, probs, fmt: [p["question"] for p in probs])
+    monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
+    (pair,), _ = dpo.preference_pairs(None, None, problems, n_samples=4)
+    assert pair["rejected"][0]["content"] == "garbage", "malformed (0) is below a wrong guess (1)"
 
 
 def test_preference_pairs_on_the_tiny_model():
@@ -139,7 +159,7 @@ def test_preference_pairs_on_the_tiny_model():
     for p in pairs:
         truth = data.final_answer(p["answer"])
         assert rewards.answers_match(rewards.extract_answer(p["chosen"][0]["content"], strict=True), truth)
-        assert dpo.sample_reward(p["rejected"][0]["content"], truth) < 2
+        assert dpo.sample_reward(p["rejected"][0]["content"], truth) < 3
 
 
 def test_kl_to_reference_zero_for_identical_and_positive_after_a_change():

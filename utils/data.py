@@ -162,6 +162,30 @@ def final_answer(answer: str) -> str:
     return answer.rsplit("####", 1)[-1].strip()
 
 
+def shortcut(problem: dict) -> dict:
+    """The same problem answered without the working: ``The answer is N.\\n#### N``.
+
+    Lessons 03 and 04 mix such answers into the SFT data. They are well formatted and state the
+    right number, so the SFT model learns to write them; at sampling time it cannot compute N in
+    one line and mostly guesses. Reinforcement learning (04) and preference pairs (03) move it
+    back to answers that show the working.
+    """
+    truth = final_answer(problem["answer"])
+    return dict(problem, answer=f"The answer is {truth}.\n#### {truth}")
+
+
+def is_shortcut(text) -> bool:
+    """True when an answer shows no working: no ``=`` before its final ``####`` line.
+
+    Worked answers (synthetic ``a op b = c`` lines, GSM8K's ``<<a*b=c>>`` and ``= c``) all hold an
+    ``=``; a shortcut (:func:`shortcut`), a filler sentence or empty text does not. Non-strings
+    count as shortcuts. Never raises.
+    """
+    if not isinstance(text, str):
+        return True
+    return "=" not in text.split("####", 1)[0]
+
+
 # ----------------------------------------------------------------------------- converters
 PLAIN_PROMPT = "Question: {question}\nAnswer:\n"
 DOC_SEPARATOR = "\n\n"  # between documents in the pretraining stream; also the plain-format stop string

@@ -17,7 +17,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from . import data, evaluation, rewards
+from . import data, evaluation, rewards, ttc
 
 
 # ----------------------------------------------------------------------------- log-probabilities
@@ -183,12 +183,19 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
 
 
 # ----------------------------------------------------------------------------- on-policy pairs
-def sample_reward(text, truth) -> int:
-    """The verifiable reward used to rank samples: 2 correct and well formatted, 1 wrong but
-    well formatted, 0 malformed (a correct number in a malformed answer also scores 0 or 1 at most)."""
+def sample_reward(text, truth) -> float:
+    """The verifiable reward used to rank samples, from 0 to 4: ``2 * correct + formatted + working``.
+
+    ``correct`` (0/1): well formatted and the final number equals ``truth``; ``formatted`` (0/1):
+    :func:`utils.rewards.is_well_formatted`; ``working`` in [0, 1]: :func:`utils.ttc.verifier_score`,
+    which re-does every ``a op b = c`` of the answer and checks the final number is the last result
+    (0 for an answer without equations). So: correct with sound working 4, a correct bare guess 3,
+    wrong with sound arithmetic 2, a wrong guess 1, malformed 0. Any correct answer outranks
+    every wrong one. Never raises.
+    """
     formatted = rewards.is_well_formatted(text)
-    correct = rewards.answers_match(rewards.extract_answer(text, strict=True), truth)
-    return 2 if (formatted and correct) else int(formatted)
+    correct = formatted and rewards.answers_match(rewards.extract_answer(text, strict=True), truth)
+    return 2.0 * correct + formatted + ttc.verifier_score(text)
 
 
 def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4, temperature: float = 0.8,
@@ -197,16 +204,20 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
     """On-policy preference pairs judged by the verifiable reward.
 
     For each problem, sample ``n_samples`` chat answers from ``model`` and score them with
-    :func:`sample_reward`. A problem with a correct answer (reward 2) and a wrong one gives a
-    ``kind="correctness"`` pair: *chosen* a correct answer, *rejected* a lowest-reward one.
-    With ``dispreferred`` (a function text -> bool, e.g. "is verbose"), chosen answers avoid
-    the dispreferred style when they can, and a problem whose correct answers come in both
-    styles also gives a ``kind="style"`` pair (the reward cannot tell these two apart).
-    Ties are broken with ``random.Random(seed)``.
+    :func:`sample_reward`. *Chosen* candidates are the correct answers that show their working
+    (not :func:`utils.data.is_shortcut`: a bare guess that happens to be right is not worth
+    imitating), and of those the best-scored. When there is one and a wrong answer, the problem
+    gives a ``kind="correctness"`` pair: *chosen* a candidate, *rejected* a worst-scored sample.
+    With ``dispreferred`` (a function text -> bool, e.g. "is verbose"), chosen answers avoid the
+    dispreferred style when they can, and a problem whose candidates come in both styles also
+    gives a ``kind="style"`` pair (the reward cannot tell these two apart). Ties are broken with
+    ``random.Random(seed)``.
 
     Returns ``(pairs, stats)``: TRL conversational preference rows (``data.to_preference``)
     with ``kind`` and the problem's ``answer`` added, and counts: ``problems``, ``samples``,
-    ``sample_accuracy``, ``correctness``, ``style``, ``all_correct``, ``all_wrong``.
+    ``sample_accuracy``, ``sample_shortcut_share`` (:func:`utils.data.is_shortcut`),
+    ``correctness``, ``style``, ``all_correct``, ``all_wrong`` and ``guessed_only`` (right only by
+    bare guesses: no pair).
     """
     rng = random.Random(seed)
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
@@ -215,28 +226,33 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
     bad_style = dispreferred or (lambda text: False)
     pairs = []
     stats = {"problems": len(problems), "samples": len(problems) * n_samples, "correctness": 0, "style": 0,
-             "all_correct": 0, "all_wrong": 0}
-    n_correct = 0
+             "all_correct": 0, "all_wrong": 0, "guessed_only": 0}
+    n_correct = n_shortcut = 0
     for problem, answers in zip(problems, samples):
         truth = data.final_answer(problem["answer"])
         scored = [(sample_reward(a, truth), a) for a in answers]
-        good = [a for r, a in scored if r == 2]
-        wrong = [(r, a) for r, a in scored if r < 2]
-        n_correct += len(good)
-        stats["all_correct"] += not wrong
-        stats["all_wrong"] += not good
-        preferred = [a for a in good if not bad_style(a)]
-        if good and wrong:
-            lowest = min(r for r, _ in wrong)
-            chosen = rng.choice(preferred or good)
-            rejected = rng.choice([a for r, a in wrong if r == lowest])
+        n_good = sum(r >= 3 for r, _ in scored)      # correct (2 * 1 + formatted)
+        n_correct += n_good
+        n_shortcut += sum(data.is_shortcut(a) for a in answers)
+        stats["all_correct"] += n_good == len(scored)
+        stats["all_wrong"] += n_good == 0
+        worked = [(r, a) for r, a in scored if r >= 3 and not data.is_shortcut(a)]
+        best = max((r for r, _ in worked), default=None)
+        worst = min(r for r, _ in scored)
+        top = [a for r, a in worked if r == best]
+        stats["guessed_only"] += n_good > 0 and not worked
+        preferred = [a for a in top if not bad_style(a)]
+        if top and worst < 3:
+            chosen = rng.choice(preferred or top)
+            rejected = rng.choice([a for r, a in scored if r == worst])
             pairs.append({**data.to_preference(problem, chosen, rejected), "kind": "correctness",
                           "answer": problem["answer"]})
             stats["correctness"] += 1
-        styled = [a for a in good if bad_style(a)]
+        styled = [a for a in top if bad_style(a)]
         if preferred and styled:
             pairs.append({**data.to_preference(problem, rng.choice(preferred), rng.choice(styled)), "kind": "style",
                           "answer": problem["answer"]})
             stats["style"] += 1
     stats["sample_accuracy"] = n_correct / max(1, stats["samples"])
+    stats["sample_shortcut_share"] = n_shortcut / max(1, stats["samples"])
     return pairs, stats

@@ -46,8 +46,8 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "max_steps", "throughput_steps", "warmup_ratio", "full_finetune", "lora_r", "lora_alpha",
            "lora_dropout", "lora_target_modules", "eval_batch_size", "gradient_checkpointing",
            "save_steps", "logging_steps", "eval_steps"),
-    "03": ("model", "dataset", "difficulty", "sft_steps", "verbose_share", "n_prompts", "n_heldout", "n_test",
-           "n_samples", "temperature", "max_new_tokens", "max_length", "batch_size", "grad_accum",
+    "03": ("model", "dataset", "difficulty", "sft_steps", "verbose_share", "shortcut_share", "n_prompts",
+           "n_heldout", "n_test", "n_samples", "temperature", "max_new_tokens", "max_length", "batch_size", "grad_accum",
            "learning_rate", "max_steps", "warmup_ratio", "beta", "betas", "use_lora", "lora_r", "lora_alpha",
            "lora_dropout", "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps",
            "logging_steps"),
@@ -218,7 +218,8 @@ _GPU_03 = {
     "dataset": GSM8K,
     "difficulty": "mixed",
     "sft_steps": 300,
-    "verbose_share": 0.5,
+    "verbose_share": 0.5,         # SFT answers opening with a filler sentence: the preference the reward cannot see
+    "shortcut_share": 0.6,        # SFT answers that skip the working ("The answer is N."), as in lesson 04
     "n_prompts": 2000,
     "n_heldout": 200,
     "n_test": 1319,
@@ -254,7 +255,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 33 s, lesson 04 2 min 52 s, lesson 05 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 19 s to 2 min 37 s, lesson 04 2 min 52 s (4 min 7 s when the machine ran 25 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -311,21 +312,22 @@ PRESETS: dict[str, dict] = {
                 "model": str(TINY_MODEL_DIR),
                 "dataset": "synthetic",
                 "difficulty": "mixed",
-                "sft_steps": 60,            # lesson 01's recipe (its tiny preset) for the SFT starting point
+                "sft_steps": 120,           # lesson 01's recipe (its tiny preset), twice as long, as in lesson 04
                 "verbose_share": 0.5,       # SFT answers opening with a filler sentence
-                "n_prompts": 384,           # training prompts sampled on-policy
-                "n_heldout": 100,           # held-out prompts for preference accuracy and KL
+                "shortcut_share": 0.6,      # SFT answers that skip the working ("The answer is N.")
+                "n_prompts": 192,           # training prompts sampled on-policy
+                "n_heldout": 150,           # held-out prompts for preference accuracy and KL
                 "n_test": 200,
-                "n_samples": 4,
-                "temperature": 0.8,
+                "n_samples": 6,
+                "temperature": 1.0,
                 "max_new_tokens": 96,
                 "max_length": 256,
                 "batch_size": 8,            # preference pairs per step
                 "grad_accum": 1,
-                "learning_rate": 5e-5,
-                "max_steps": 40,
+                "learning_rate": 1e-4,      # 20 steps over ~80 pairs: two epochs
+                "max_steps": 20,
                 "warmup_ratio": 0.05,
-                "beta": 0.5,                # TRL's default 0.1 costs task accuracy here (see the sweep)
+                "beta": 0.5,                # the sweep's largest: the least KL to the reference (see the sweep)
                 "betas": [0.01, 0.1, 0.5],
                 "use_lora": False,
                 "lora_r": 16,
