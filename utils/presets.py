@@ -255,7 +255,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 19 s to 2 min 37 s, lesson 04 2 min 52 s (4 min 7 s when the machine ran 25 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 19 s to 2 min 37 s, lesson 04 2 min 52 s (4 min 7 s and 4 min 40 s on 2026-11-23, when the same training step ran 25-30 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
