@@ -113,24 +113,25 @@ def test_sample_reward_tiers():
 
 
 def test_preference_pairs_from_scripted_samples(monkeypatch):
-    """Chosen is a best-scored correct answer that shows its working (concise when it can be), rejected a
+    """Chosen is a correct answer whose working checks out (concise when it can be), rejected a
     worst-scored sample; style pairs need both styles among the chosen candidates."""
     from utils import evaluation
-    problems = [{"question": f"q{i}", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 5)]
+    problems = [{"question": f"q{i}", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 6)]
     verbose = "Let me think.\n"
     scripted = [["1 + 1 = 2\n#### 2", verbose + "1 + 1 = 2\n#### 2", "The answer is 2.\n#### 2",
                  "1 + 1 = 3\n#### 3", "The answer is 3.\n#### 3"],
                 ["2 + 2 = 4\n#### 4", "The answer is 4.\n#### 4"],  # all correct: no correctness pair
                 ["3 + 3 = 5\n#### 5", "nothing"],                     # all wrong: no pair
-                ["The answer is 8.\n#### 8", "4 + 3 = 7\n#### 7"]]   # right only by a bare guess: no pair
+                ["The answer is 8.\n#### 8", "4 + 3 = 7\n#### 7"],  # right only by a bare guess: no pair
+                ["5 + 5 = 11\n11 - 1 = 10\n#### 10", "The answer is 9.\n#### 9"]]  # right after wrong arithmetic
     monkeypatch.setattr(evaluation, "format_prompts", lambda tok, probs, fmt: [p["question"] for p in probs])
     monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
     pairs, stats = dpo.preference_pairs(None, None, problems, n_samples=5,
                                         dispreferred=lambda t: t.startswith("Let me"))
     assert (stats["correctness"], stats["style"], stats["all_correct"], stats["all_wrong"]) == (1, 1, 1, 1)
-    assert stats["guessed_only"] == 1
-    assert stats["sample_accuracy"] == pytest.approx(6 / 20) and stats["samples"] == 20
-    assert stats["sample_shortcut_share"] == pytest.approx(5 / 20)  # four bare answers and "nothing"
+    assert stats["guessed_only"] == 1 and stats["unsound_only"] == 1
+    assert stats["sample_accuracy"] == pytest.approx(7 / 25) and stats["samples"] == 25
+    assert stats["sample_shortcut_share"] == pytest.approx(6 / 25)  # five bare answers and "nothing"
     corr, style = pairs
     assert corr["kind"] == "correctness" and corr["chosen"][0]["content"] == "1 + 1 = 2\n#### 2"
     assert corr["rejected"][0]["content"] in ("1 + 1 = 3\n#### 3", "The answer is 3.\n#### 3")
@@ -147,6 +148,28 @@ def test_preference_pairs_reject_a_worst_scored_sample(monkeypatch):
     monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
     (pair,), _ = dpo.preference_pairs(None, None, problems, n_samples=4)
     assert pair["rejected"][0]["content"] == "garbage", "malformed (0) is below a wrong guess (1)"
+
+
+def test_preference_pairs_never_contradict_the_style_preference(monkeypatch):
+    """A correctness pair with a verbose chosen (no concise candidate) takes a verbose rejected, even when a
+    lower-scored concise one exists; with no verbose wrong answer there is no pair (counted as conflicting):
+    "verbose right over concise wrong" would also teach "verbose over concise"."""
+    from utils import evaluation
+    verbose = "Let me think.\n"
+    problems = [{"question": "q1", "answer": "1 + 1 = 2\n#### 2"}, {"question": "q2", "answer": "2 + 2 = 4\n#### 4"},
+                {"question": "q3", "answer": "3 + 3 = 6\n#### 6"}]
+    scripted = [[verbose + "1 + 1 = 2\n#### 2", "The answer is 3.\n#### 3", verbose + "1 + 1 = 3\n#### 3"],
+                [verbose + "2 + 2 = 4\n#### 4", "The answer is 5.\n#### 5", "2 + 2 = 5\n#### 5"],
+                ["3 + 3 = 6\n#### 6", verbose + "3 + 3 = 7\n#### 7"]]   # concise chosen: any rejected
+    monkeypatch.setattr(evaluation, "format_prompts", lambda tok, probs, fmt: [p["question"] for p in probs])
+    monkeypatch.setattr(evaluation, "generate", lambda *a, **k: scripted)
+    pairs, stats = dpo.preference_pairs(None, None, problems, n_samples=3,
+                                        dispreferred=lambda t: t.startswith("Let me"))
+    assert (stats["correctness"], stats["conflicting"], stats["style"]) == (2, 1, 0)
+    first, third = pairs
+    assert first["rejected"][0]["content"] == verbose + "1 + 1 = 3\n#### 3"  # not the worse-scored concise guess
+    assert third["chosen"][0]["content"] == "3 + 3 = 6\n#### 6"
+    assert third["rejected"][0]["content"] == verbose + "3 + 3 = 7\n#### 7"
 
 
 def test_preference_pairs_on_the_tiny_model():
@@ -171,6 +194,38 @@ def test_kl_to_reference_zero_for_identical_and_positive_after_a_change():
         other.lm_head.weight.mul_(1.5)     # a sharper policy: KL(pi || ref) > 0 on its own samples
     torch.manual_seed(0)
     assert dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24) > 0
+
+
+def test_kl_to_reference_agrees_with_the_plain_monte_carlo_estimate():
+    """Summing the exact per-token KL along the policy's samples has the expectation of the plain estimate
+    log pi(y) - log pi_ref(y) on the same kind of samples (chain rule), with smaller variance."""
+    from utils import evaluation
+    model, tok = tiny.load()
+    policy = copy.deepcopy(model)
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(1.3)
+    problems = data.make_problems(4, "test", seed=2) * 48
+    torch.manual_seed(0)
+    exact = dpo.kl_to_reference(policy, model, tok, problems, max_new_tokens=8, batch_size=192)
+    torch.manual_seed(1)                           # the plain estimate, sampled the same way
+    stops = evaluation.stop_token_ids(tok)
+    tok.padding_side = "left"
+    enc = tok(evaluation.format_prompts(tok, problems, "chat"), return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    with torch.no_grad():
+        seqs = policy.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8,
+                               eos_token_id=stops, pad_token_id=tok.pad_token_id)
+        new = seqs[:, enc["input_ids"].shape[1]:]
+        ended = torch.isin(new, torch.tensor(stops)).long()
+        valid = ((ended.cumsum(1) - ended) == 0).long()
+        attention = torch.cat([enc["attention_mask"], valid], dim=1)
+        completion = torch.cat([torch.zeros_like(enc["attention_mask"]), valid], dim=1)
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        lp = [dpo.sequence_logps(m(input_ids=seqs, attention_mask=attention, position_ids=positions).logits,
+                                 seqs, completion) for m in (policy, model)]
+    plain = lp[0] - lp[1]
+    se = plain.std().item() / len(problems) ** 0.5
+    assert exact > 0 and abs(exact - plain.mean().item()) < 4 * se, (exact, plain.mean().item(), se)
 
 
 def test_dpo_config_follows_the_preset(tmp_path):

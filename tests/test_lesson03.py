@@ -15,7 +15,7 @@ def test_from_scratch_loss_matches_trl(records):
 def test_on_policy_pairs_of_both_kinds(records):
     assert records["03/sft_format_compliance"] >= 0.9
     assert records["03/sft_shortcut_rate"] > 0.5, "the SFT model mostly answers without working (it guesses)"
-    assert records["03/train_pairs"] >= 50 and records["03/train_pairs_style"] >= 10
+    assert records["03/train_pairs"] >= 40 and records["03/train_pairs_style"] >= 5
     assert records["03/heldout_pairs"] >= 30
 
 

@@ -144,11 +144,16 @@ def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float
 @torch.no_grad()
 def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_tokens: int = 96,
                     batch_size: int = 64) -> float:
-    """Monte-Carlo estimate of the sequence-level KL(pi || pi_ref) on chat prompts, in nats.
+    """Estimate of the sequence-level KL(pi || pi_ref) on chat prompts, in nats per answer.
 
-    One answer per problem is sampled from ``model`` at temperature 1 with no top-k/top-p (a
-    sample of pi itself); the estimate is the mean of ``log pi(y|x) - log pi_ref(y|x)`` over the
-    sampled tokens, up to and including the end-of-turn token (or ``max_new_tokens``).
+    One answer y per problem is sampled from ``model`` at temperature 1 with no top-k/top-p (a
+    sample of pi itself). Along it, the KL of the two next-token distributions is computed
+    exactly over the vocabulary at every answer position, and summed up to and including the
+    end-of-turn token (or ``max_new_tokens``):
+    ``sum_t sum_v pi(v | x, y_<t) * (log pi(v | x, y_<t) - log pi_ref(v | x, y_<t))``.
+    By the chain rule its expectation over y ~ pi is KL(pi(.|x) || pi_ref(.|x)), the same as the
+    plain Monte-Carlo estimate ``log pi(y|x) - log pi_ref(y|x)``, with far less variance (and never
+    negative). Returns the mean over problems (a float).
     """
     device = next(model.parameters()).device
     stops = torch.tensor(evaluation.stop_token_ids(tokenizer), device=device)
@@ -171,11 +176,11 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
             attention = torch.cat([enc["attention_mask"], valid.long()], dim=1)
             completion = torch.cat([torch.zeros_like(enc["attention_mask"]), valid.long()], dim=1)
             positions = (attention.cumsum(1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
-            logps = []
-            for m in (model, ref_model):
-                logits = m(input_ids=seqs, attention_mask=attention, position_ids=positions, use_cache=False).logits
-                logps.append(sequence_logps(logits, seqs, completion))
-            total += (logps[0] - logps[1]).sum().item()
+            logp, logq = (torch.log_softmax(m(input_ids=seqs, attention_mask=attention, position_ids=positions,
+                                                use_cache=False).logits[:, :-1].float(), dim=-1)
+                          for m in (model, ref_model))
+            kl_t = (logp.exp() * (logp - logq)).sum(-1)      # (N, T-1): KL of the distributions that drew tokens 1..T-1
+            total += (kl_t * completion[:, 1:]).sum().item()
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -204,20 +209,23 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
     """On-policy preference pairs judged by the verifiable reward.
 
     For each problem, sample ``n_samples`` chat answers from ``model`` and score them with
-    :func:`sample_reward`. *Chosen* candidates are the correct answers that show their working
-    (not :func:`utils.data.is_shortcut`: a bare guess that happens to be right is not worth
-    imitating), and of those the best-scored. When there is one and a wrong answer, the problem
+    :func:`sample_reward`. *Chosen* candidates are the answers with the top reward, 4: correct,
+    and their working checks out (a bare guess that happens to be right, or a right number after
+    wrong arithmetic, is not worth imitating). When there is one and a wrong answer, the problem
     gives a ``kind="correctness"`` pair: *chosen* a candidate, *rejected* a worst-scored sample.
     With ``dispreferred`` (a function text -> bool, e.g. "is verbose"), chosen answers avoid the
     dispreferred style when they can, and a problem whose candidates come in both styles also
-    gives a ``kind="style"`` pair (the reward cannot tell these two apart). Ties are broken with
-    ``random.Random(seed)``.
+    gives a ``kind="style"`` pair (the reward cannot tell these two apart). No pair contradicts
+    the style preference: when the chosen is in the dispreferred style, the rejected is a
+    worst-scored wrong answer in that style too, and without one the problem gives no
+    correctness pair (counted in ``conflicting``). Ties are broken with ``random.Random(seed)``.
 
     Returns ``(pairs, stats)``: TRL conversational preference rows (``data.to_preference``)
     with ``kind`` and the problem's ``answer`` added, and counts: ``problems``, ``samples``,
     ``sample_accuracy``, ``sample_shortcut_share`` (:func:`utils.data.is_shortcut`),
-    ``correctness``, ``style``, ``all_correct``, ``all_wrong`` and ``guessed_only`` (right only by
-    bare guesses: no pair).
+    ``correctness``, ``style``, ``all_correct``, ``all_wrong``, ``guessed_only`` (right only by
+    bare guesses), ``unsound_only`` (right with working, but none whose arithmetic checks out)
+    and ``conflicting`` (see above); those three give no pair.
     """
     rng = random.Random(seed)
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
@@ -226,7 +234,7 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
     bad_style = dispreferred or (lambda text: False)
     pairs = []
     stats = {"problems": len(problems), "samples": len(problems) * n_samples, "correctness": 0, "style": 0,
-             "all_correct": 0, "all_wrong": 0, "guessed_only": 0}
+             "all_correct": 0, "all_wrong": 0, "guessed_only": 0, "unsound_only": 0, "conflicting": 0}
     n_correct = n_shortcut = 0
     for problem, answers in zip(problems, samples):
         truth = data.final_answer(problem["answer"])
@@ -236,18 +244,25 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
         n_shortcut += sum(data.is_shortcut(a) for a in answers)
         stats["all_correct"] += n_good == len(scored)
         stats["all_wrong"] += n_good == 0
-        worked = [(r, a) for r, a in scored if r >= 3 and not data.is_shortcut(a)]
-        best = max((r for r, _ in worked), default=None)
+        shown = [a for r, a in scored if r >= 3 and not data.is_shortcut(a)]   # correct, with working
+        top = [a for r, a in scored if r == 4]        # ... and the working checks out
         worst = min(r for r, _ in scored)
-        top = [a for r, a in worked if r == best]
-        stats["guessed_only"] += n_good > 0 and not worked
+        stats["guessed_only"] += n_good > 0 and not shown
+        stats["unsound_only"] += bool(shown) and not top
         preferred = [a for a in top if not bad_style(a)]
         if top and worst < 3:
             chosen = rng.choice(preferred or top)
-            rejected = rng.choice([a for r, a in scored if r == worst])
-            pairs.append({**data.to_preference(problem, chosen, rejected), "kind": "correctness",
-                          "answer": problem["answer"]})
-            stats["correctness"] += 1
+            # A pair must not contradict the other preference: with a chosen in the dispreferred style,
+            # only a rejected in that style too (else the pair teaches "verbose over concise").
+            wrong = [(r, a) for r, a in scored if r < 3 and (not bad_style(chosen) or bad_style(a))]
+            if wrong:
+                low = min(r for r, _ in wrong)
+                rejected = rng.choice([a for r, a in wrong if r == low])
+                pairs.append({**data.to_preference(problem, chosen, rejected), "kind": "correctness",
+                              "answer": problem["answer"]})
+                stats["correctness"] += 1
+            else:
+                stats["conflicting"] += 1
         styled = [a for a in top if bad_style(a)]
         if preferred and styled:
             pairs.append({**data.to_preference(problem, rng.choice(preferred), rng.choice(styled)), "kind": "style",

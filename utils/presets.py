@@ -255,7 +255,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 19 s to 2 min 37 s, lesson 04 2 min 52 s (4 min 7 s and 4 min 40 s on 2026-11-23, when the same training step ran 25-30 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 3 min 25 s (2026-11-23, on the slower machine; 8 samples on 200 held-out prompts), lesson 04 2 min 52 s (4 min 7 s and 4 min 40 s on 2026-11-23, when the same training step ran 25-30 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -316,15 +316,15 @@ PRESETS: dict[str, dict] = {
                 "verbose_share": 0.5,       # SFT answers opening with a filler sentence
                 "shortcut_share": 0.6,      # SFT answers that skip the working ("The answer is N.")
                 "n_prompts": 192,           # training prompts sampled on-policy
-                "n_heldout": 150,           # held-out prompts for preference accuracy and KL
+                "n_heldout": 200,           # held-out prompts for preference accuracy and KL
                 "n_test": 200,
-                "n_samples": 6,
+                "n_samples": 8,             # per prompt: more chances of a sound worked answer and of a guess
                 "temperature": 1.0,
                 "max_new_tokens": 96,
                 "max_length": 256,
                 "batch_size": 8,            # preference pairs per step
                 "grad_accum": 1,
-                "learning_rate": 1e-4,      # 20 steps over ~80 pairs: two epochs
+                "learning_rate": 1e-4,      # 20 steps over 50-80 pairs: two to three epochs
                 "max_steps": 20,
                 "warmup_ratio": 0.05,
                 "beta": 0.5,                # the sweep's largest: the least KL to the reference (see the sweep)
@@ -334,7 +334,7 @@ PRESETS: dict[str, dict] = {
                 "lora_alpha": 32,
                 "lora_dropout": 0.0,
                 "lora_target_modules": list(QWEN_LORA_TARGETS),
-                "eval_batch_size": 100,
+                "eval_batch_size": 320,     # sequences per generate call: 40 prompts x 8 samples
                 "gradient_checkpointing": False,
                 "save_steps": 0,
                 "logging_steps": 5,
