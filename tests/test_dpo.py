@@ -207,22 +207,13 @@ def test_kl_to_reference_agrees_with_the_plain_monte_carlo_estimate():
     problems = data.make_problems(4, "test", seed=2) * 48
     torch.manual_seed(0)
     exact = dpo.kl_to_reference(policy, model, tok, problems, max_new_tokens=8, batch_size=192)
-    torch.manual_seed(1)                           # the plain estimate, sampled the same way
-    stops = evaluation.stop_token_ids(tok)
+    torch.manual_seed(1)                           # the plain estimate, on answers sampled the same way
     tok.padding_side = "left"
-    enc = tok(evaluation.format_prompts(tok, problems, "chat"), return_tensors="pt", padding=True,
-              add_special_tokens=False)
+    batch = dpo.sample_answers(policy, tok, evaluation.format_prompts(tok, problems, "chat"), max_new_tokens=8)
     with torch.no_grad():
-        seqs = policy.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8,
-                               eos_token_id=stops, pad_token_id=tok.pad_token_id)
-        new = seqs[:, enc["input_ids"].shape[1]:]
-        ended = torch.isin(new, torch.tensor(stops)).long()
-        valid = ((ended.cumsum(1) - ended) == 0).long()
-        attention = torch.cat([enc["attention_mask"], valid], dim=1)
-        completion = torch.cat([torch.zeros_like(enc["attention_mask"]), valid], dim=1)
-        positions = (attention.cumsum(1) - 1).clamp(min=0)
-        lp = [dpo.sequence_logps(m(input_ids=seqs, attention_mask=attention, position_ids=positions).logits,
-                                 seqs, completion) for m in (policy, model)]
+        lp = [dpo.sequence_logps(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   position_ids=batch["position_ids"]).logits,
+                                 batch["input_ids"], batch["completion_mask"]) for m in (policy, model)]
     plain = lp[0] - lp[1]
     se = plain.std().item() / len(problems) ** 0.5
     assert exact > 0 and abs(exact - plain.mean().item()) < 4 * se, (exact, plain.mean().item(), se)

@@ -142,6 +142,31 @@ def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float
 
 
 @torch.no_grad()
+def sample_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 96) -> dict:
+    """One answer per prompt sampled from ``model`` at temperature 1 (no top-k/top-p): a sample of pi itself.
+
+    Args:
+        prompts: B prompt strings (chat template applied); the tokenizer must pad on the left.
+    Returns:
+        int64 tensors of shape (B, T), the inputs of a forward pass over prompt + answer:
+        ``input_ids``, ``attention_mask``, ``position_ids`` (as ``generate`` numbers left-padded rows)
+        and ``completion_mask`` (1 on the answer's tokens up to and including the first stop token).
+    """
+    device = next(model.parameters()).device
+    stops = torch.tensor(evaluation.stop_token_ids(tokenizer), device=device)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    seqs = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                          max_new_tokens=max_new_tokens, eos_token_id=stops.tolist(),
+                          pad_token_id=tokenizer.pad_token_id)
+    ended = torch.isin(seqs[:, enc["input_ids"].shape[1]:], stops).long()
+    valid = ((ended.cumsum(1) - ended) == 0).long()          # tokens up to and including the first stop
+    attention = torch.cat([enc["attention_mask"], valid], dim=1)
+    return {"input_ids": seqs, "attention_mask": attention,
+            "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+            "completion_mask": torch.cat([torch.zeros_like(enc["attention_mask"]), valid], dim=1)}
+
+
+@torch.no_grad()
 def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_tokens: int = 96,
                     batch_size: int = 64) -> float:
     """Estimate of the sequence-level KL(pi || pi_ref) on chat prompts, in nats per answer.
@@ -155,8 +180,6 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
     plain Monte-Carlo estimate ``log pi(y|x) - log pi_ref(y|x)``, with far less variance (and never
     negative). Returns the mean over problems (a float).
     """
-    device = next(model.parameters()).device
-    stops = torch.tensor(evaluation.stop_token_ids(tokenizer), device=device)
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
@@ -164,23 +187,12 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
     total = 0.0
     try:
         for i in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[i:i + batch_size], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(device)
-            seqs = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                  max_new_tokens=max_new_tokens, eos_token_id=stops.tolist(),
-                                  pad_token_id=tokenizer.pad_token_id)
-            P = enc["input_ids"].shape[1]
-            new = seqs[:, P:]
-            ended = torch.isin(new, stops).long()
-            valid = (ended.cumsum(1) - ended) == 0          # tokens up to and including the first stop
-            attention = torch.cat([enc["attention_mask"], valid.long()], dim=1)
-            completion = torch.cat([torch.zeros_like(enc["attention_mask"]), valid.long()], dim=1)
-            positions = (attention.cumsum(1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
-            logp, logq = (torch.log_softmax(m(input_ids=seqs, attention_mask=attention, position_ids=positions,
-                                                use_cache=False).logits[:, :-1].float(), dim=-1)
+            batch = sample_answers(model, tokenizer, prompts[i:i + batch_size], max_new_tokens)
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+            logp, logq = (torch.log_softmax(m(**inputs, use_cache=False).logits[:, :-1].float(), dim=-1)
                           for m in (model, ref_model))
             kl_t = (logp.exp() * (logp - logq)).sum(-1)      # (N, T-1): KL of the distributions that drew tokens 1..T-1
-            total += (kl_t * completion[:, 1:]).sum().item()
+            total += (kl_t * batch["completion_mask"][:, 1:]).sum().item()
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
