@@ -193,7 +193,11 @@ def test_kl_to_reference_zero_for_identical_and_positive_after_a_change():
     with torch.no_grad():
         other.lm_head.weight.mul_(1.5)     # a sharper policy: KL(pi || ref) > 0 on its own samples
     torch.manual_seed(0)
-    assert dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24) > 0
+    kl = dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24)
+    assert kl > 0
+    torch.manual_seed(0)                # the same answers scored 3 rows at a time, each chunk cut to its columns
+    assert dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24, forward_batch_size=3) == \
+        pytest.approx(kl, rel=1e-5)
 
 
 def test_kl_to_reference_agrees_with_the_plain_monte_carlo_estimate():

@@ -61,3 +61,52 @@ def test_evaluate_metrics(model_and_tokenizer):
     assert greedy["accuracy"] == sum(greedy["n_correct"]) / 16
     with pytest.raises(ValueError, match="greedy"):
         evaluation.evaluate(model, tok, probs, n=2)
+
+
+def _chat_batch(tok, n, seed=0):
+    prompts = evaluation.format_prompts(tok, data.make_problems(n, "test", seed=seed), "chat")
+    return tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+
+
+def test_decode_greedy_matches_generate(model_and_tokenizer):
+    """Rows leave the batch as they end; the greedy tokens are still generate()'s."""
+    model, tok = model_and_tokenizer
+    enc = _chat_batch(tok, 8)
+    # the base model rarely ends a chat turn: stopping at "####" too makes rows end at different steps
+    stops = evaluation.stop_token_ids(tok) + tok("####", add_special_tokens=False)["input_ids"]
+    ours = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=48, stop_ids=stops,
+                             pad_token_id=tok.pad_token_id)
+    with torch.inference_mode():
+        ref = model.generate(**enc, max_new_tokens=48, do_sample=False, eos_token_id=stops,
+                             pad_token_id=tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    assert ours.shape == ref.shape and ours.dtype == torch.long
+    assert torch.equal(ours, ref)
+    ends = set()
+    for row in ours.tolist():   # after a stop token: padding only
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        assert end is None or all(t == tok.pad_token_id for t in row[end + 1:])
+        ends.add(end)
+    assert len(ends) >= 3       # rows did leave the batch at different steps
+
+
+def test_decode_samples_from_the_tempered_softmax(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    enc = _chat_batch(tok, 1, seed=4)
+    n, temperature = 4000, 0.7
+    with torch.inference_mode():
+        probs = (model(**enc).logits[0, -1] / temperature).softmax(-1)
+    torch.manual_seed(0)
+    first = evaluation.decode(model, enc["input_ids"].expand(n, -1), enc["attention_mask"].expand(n, -1),
+                              max_new_tokens=1, stop_ids=evaluation.stop_token_ids(tok),
+                              pad_token_id=tok.pad_token_id, do_sample=True, temperature=temperature)[:, 0]
+    freq = torch.bincount(first, minlength=probs.numel()).float() / n
+    assert 0.5 * (freq - probs).abs().sum() < 0.05     # total variation distance
+
+
+def test_top_p_filter_matches_transformers():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for top_p in (0.1, 0.5, 0.9):
+        expected = TopPLogitsWarper(top_p)(None, logits.clone())
+        assert torch.equal(evaluation._top_p_filter(logits, top_p), expected)

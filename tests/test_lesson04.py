@@ -15,7 +15,7 @@ def test_from_scratch_loss_matches_grpo_trainer(records):
 def test_naive_reward_is_gamed(records):
     # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines
     assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 0.1
-    assert records["04/hack_accuracy_after"] < 0.5 * records["04/hack_accuracy_before"]
+    assert records["04/hack_accuracy_after"] < 0.7 * records["04/hack_accuracy_before"]
     assert records["04/hack_lines_per_answer_after"] > records["04/hack_lines_per_answer_before"] + 1
     assert records["04/hack_characters_per_answer_after"] > 1.5 * records["04/hack_characters_per_answer_before"]
     assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.3

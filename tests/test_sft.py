@@ -38,6 +38,37 @@ def test_collate_known_values():
     assert all(v.dtype == torch.long for v in b.values())
 
 
+def test_pack_known_values():
+    exs = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, {"input_ids": [4, 5], "labels": [-100, 5]},
+           {"input_ids": [6, 7, 8, 9], "labels": [-100, -100, 8, 9]}]
+    b = sft.pack(exs, pad_token_id=0, max_length=6)
+    # longest first: [6 7 8 9] opens row 0, [1 2 3] does not fit beside it, [4 5] does
+    assert b["input_ids"].tolist() == [[6, 7, 8, 9, 4, 5], [1, 2, 3, 0, 0, 0]]
+    assert b["labels"].tolist() == [[-100, -100, 8, 9, -100, 5], [-100, 2, 3, -100, -100, -100]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 1, 2]]
+    assert b["use_cache"] is False and "attention_mask" not in b
+    # an example's first label is dropped even when it is a target (collate never predicts it either)
+    assert sft.pack([{"input_ids": [1, 2], "labels": [1, 2]}], 0, 4)["labels"].tolist() == [[-100, 2]]
+    with pytest.raises(ValueError, match="max_length"):
+        sft.pack(exs, pad_token_id=0, max_length=3)
+
+
+def test_pack_gives_the_loss_and_gradient_of_padding(tok):
+    """Packed rows: no attention across examples, the same tokens under the loss -> same loss and gradient."""
+    model = tiny.load()[0]
+    exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 160) for p in data.make_problems(12, "train", seed=3)]
+    padded, packed = sft.collate(exs, tok.pad_token_id), sft.pack(exs, tok.pad_token_id, 160)
+    assert packed["input_ids"].numel() < padded["input_ids"].numel() and len(packed["input_ids"]) < len(exs)
+    grads = []
+    for batch in (padded, packed):
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        grads.append((loss.item(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-5)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-6, rtol=1e-4)
+
+
 def test_completion_loss_does_not_depend_on_batch_size(tok):
     model = tiny.load()[0]
     exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 256) for p in data.make_problems(6, "test")]

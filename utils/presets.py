@@ -255,7 +255,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 3 min 25 s (2026-11-23, on the slower machine; 8 samples on 200 held-out prompts), lesson 04 2 min 52 s (4 min 7 s and 4 min 40 s on 2026-11-23, when the same training step ran 25-30 % slower), lesson 05 2 min 31 s, lesson 06 56 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 30 s, lesson 04 2 min 52 s, lesson 05 2 min 31 s, lesson 06 56 s; on a slow day (2026-11-23, a training step 35-70 % slower) 01 2 min 55 s, 02 2 min 15 s, 03 2 min 42 s, 04 5 min 38 s, 05 4 min 48 s, 06 1 min 49 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),

@@ -68,6 +68,58 @@ def collate(examples: list[dict], pad_token_id: int) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def pack(examples: list[dict], pad_token_id: int, max_length: int) -> dict:
+    """Pack a batch of tokenized examples into few rows, padding-free, with the same loss as :func:`collate`.
+
+    First-fit decreasing: the longest example goes into the first row with room, up to
+    ``max_length`` tokens per row. Each example keeps its own positions (``position_ids`` restart
+    at 0), and with no ``attention_mask`` transformers reads those restarts as sequence
+    boundaries and masks attention across them (``masking_utils.find_packed_sequence_indices``),
+    so no token sees another example. The label of each example's first token is set to
+    ``IGNORE_INDEX``: in :func:`collate` nothing predicts a row's first token, here the previous
+    example's last token would. Same tokens under the loss, same mean: the gradient of
+    :func:`collate`'s batch, with fewer padded positions to compute (about 40 % fewer on the tiny
+    lessons' mix of short and long answers).
+
+    Args:
+        examples: dicts with ``input_ids`` and ``labels`` (lists of ints, length L_i <= max_length).
+        pad_token_id: id used to fill the end of a row.
+        max_length: capacity of a row.
+    Returns:
+        ``input_ids`` (R, T) int64, ``labels`` (R, T) int64 (``IGNORE_INDEX`` on padding and on
+        each example's first token), ``position_ids`` (R, T) int64 (0, 1, ... per example; the
+        padding of a row counts on as one more sequence), and ``use_cache=False`` (with a KV cache
+        the model would not look for packed sequences); R <= B rows, T = the fullest row's length.
+    """
+    if any(len(e["input_ids"]) > max_length for e in examples):
+        raise ValueError(f"an example is longer than max_length={max_length}; truncate it first")
+    rows: list[list[dict]] = []
+    fill: list[int] = []
+    for e in sorted(examples, key=lambda e: -len(e["input_ids"])):
+        n = len(e["input_ids"])
+        r = next((i for i, f in enumerate(fill) if f + n <= max_length), None)
+        if r is None:                                   # no row has room: open a new one
+            r = len(rows)
+            rows.append([])
+            fill.append(0)
+        rows[r].append(e)
+        fill[r] += n
+    T = max(fill)
+    ids = torch.full((len(rows), T), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((len(rows), T), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for e in row:
+            n = len(e["input_ids"])
+            ids[r, start:start + n] = torch.tensor(e["input_ids"])
+            labels[r, start + 1:start + n] = torch.tensor(e["labels"][1:])
+            pos[r, start:start + n] = torch.arange(n)
+            start += n
+        pos[r, start:] = torch.arange(T - start)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "use_cache": False}
+
+
 def completion_loss(model, examples: list[dict], pad_token_id: int, batch_size: int = 8) -> float:
     """Mean cross-entropy per labelled token over ``examples`` (tokenized as above), without gradients.
 
@@ -219,7 +271,7 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
 
 def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Path, resume: bool = False,
               callbacks=None, **overrides):
-    """Chat-format SFT with ``transformers.Trainer`` and the loss mask above.
+    """Chat-format SFT with ``transformers.Trainer``, the loss mask above and :func:`pack`ed batches.
 
     Trains all weights when the preset says ``full_finetune``, else LoRA adapters.
     Returns the trainer (``trainer.model`` is trained; ``trainer.state.log_history``
@@ -235,7 +287,8 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
         overrides.setdefault("learning_rate", cfg.lora_learning_rate)
     train = [tokenize_sft_example(tokenizer, data.to_messages(p), cfg.max_length) for p in problems]
     trainer = quiet(Trainer(model=model, args=training_arguments(cfg, output_dir, **overrides), train_dataset=train,
-                            data_collator=lambda b: collate(b, tokenizer.pad_token_id), callbacks=callbacks))
+                            data_collator=lambda b: pack(b, tokenizer.pad_token_id, cfg.max_length),
+                            callbacks=callbacks))
     trainer.train(resume_from_checkpoint=last_checkpoint(output_dir) if resume else None)
     return trainer
 
