@@ -146,7 +146,7 @@ def sample_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 9
     """One answer per prompt sampled from ``model`` at temperature 1 (no top-k/top-p): a sample of pi itself.
 
     Args:
-        prompts: B prompt strings (chat template applied); the tokenizer must pad on the left.
+        prompts: B prompt strings (chat template applied); they are padded on the left.
     Returns:
         int64 tensors of shape (B, T), the inputs of a forward pass over prompt + answer:
         ``input_ids``, ``attention_mask``, ``position_ids`` (as ``generate`` numbers left-padded rows)
@@ -154,7 +154,8 @@ def sample_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 9
     """
     device = next(model.parameters()).device
     stops = torch.tensor(evaluation.stop_token_ids(tokenizer), device=device)
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False).to(device)
     new = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
                             stop_ids=stops.tolist(), pad_token_id=tokenizer.pad_token_id, do_sample=True)
     seqs = torch.cat([enc["input_ids"], new], dim=1)
@@ -182,9 +183,8 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
     time. Returns the mean over problems (a float).
     """
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
-    was_training, side = model.training, tokenizer.padding_side
+    was_training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
     total = 0.0
     try:
         for i in range(0, len(prompts), batch_size):
@@ -200,7 +200,6 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
                 kl_t = (logp.exp() * (logp - logq)).sum(-1)  # (n, T-1): KL of the distributions that drew tokens 1..T-1
                 total += (kl_t * part["completion_mask"][:, 1:]).sum().item()
     finally:
-        tokenizer.padding_side = side
         model.train(was_training)
     return total / len(prompts)
 
