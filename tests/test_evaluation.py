@@ -110,3 +110,35 @@ def test_top_p_filter_matches_transformers():
     for top_p in (0.1, 0.5, 0.9):
         expected = TopPLogitsWarper(top_p)(None, logits.clone())
         assert torch.equal(evaluation._top_p_filter(logits, top_p), expected)
+
+
+def test_decode_reads_each_prompt_once_for_n_rows(model_and_tokenizer):
+    """num_return_sequences=n: one prefill per prompt, its cache copied to n adjacent rows that go on
+    alone. Near-greedy sampling (T=1e-3) must then give each prompt's greedy answer in all its rows
+    (prompts of different lengths, left-padded: the copied cache and positions are right), and first
+    tokens at T=0.7 follow each prompt's own tempered softmax."""
+    model, tok = model_and_tokenizer
+    enc = _chat_batch(tok, 3, seed=2)
+    assert enc["attention_mask"].sum(1).unique().numel() > 1           # different prompt lengths
+    stops = evaluation.stop_token_ids(tok) + tok("####", add_special_tokens=False)["input_ids"]
+    greedy = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=32, stop_ids=stops,
+                               pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    rows = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=32, stop_ids=stops,
+                             pad_token_id=tok.pad_token_id, do_sample=True, temperature=1e-3, num_return_sequences=4)
+    assert rows.shape == (12, greedy.shape[1])
+    assert torch.equal(rows, greedy.repeat_interleave(4, dim=0))
+
+    n, temperature = 3000, 0.7
+    with torch.inference_mode():
+        probs = (model(**enc).logits[:, -1] / temperature).softmax(-1)   # left padding: the last column is real
+    torch.manual_seed(1)
+    first = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=1,
+                              stop_ids=evaluation.stop_token_ids(tok), pad_token_id=tok.pad_token_id,
+                              do_sample=True, temperature=temperature, num_return_sequences=n)[:, 0]
+    for i in range(3):
+        freq = torch.bincount(first[i * n:(i + 1) * n], minlength=probs.shape[1]).float() / n
+        assert 0.5 * (freq - probs[i]).abs().sum() < 0.06
+    with pytest.raises(ValueError, match="do_sample"):
+        evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=4, stop_ids=stops,
+                          pad_token_id=tok.pad_token_id, num_return_sequences=2)

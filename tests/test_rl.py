@@ -397,3 +397,45 @@ def test_soft_overlong_penalty_values_and_trl():
     assert got == pytest.approx(trl_fn([[7] * n for n in lengths]))
     with pytest.raises(ValueError):
         rl.soft_overlong_penalty([1], 10, 0)
+
+
+def test_decode_rollout_gives_trls_rollouts(rig):
+    """rl.decode_rollout (GRPOTrainer's rollout_func) tokenizes the prompts as TRL does and, near-greedy
+    (temperature 1e-3, where both samplers give the argmax), returns TRL's own completions: cut after the
+    first eos id of the trainer (kept), or at max_completion_length."""
+    trainer = rig.trainer("dapo", 0.0, temperature=1e-3)
+    inputs = [rig.dataset[i] for i in range(B // G) for _ in range(G)]
+    prompts = [x["prompt"] for x in inputs]
+    ours = rl.decode_rollout(prompts, trainer)
+    assert ours["logprobs"] is None and set(ours) == {"prompt_ids", "completion_ids", "logprobs"}
+    prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+    assert ours["prompt_ids"] == [list(p) for p in prompt_ids]
+    torch.manual_seed(0)
+    theirs, _ = trainer._generate_single_turn(prompt_ids, None, {}, G)
+    assert ours["completion_ids"] == [list(c) for c in theirs]
+    lengths = {len(c) for c in ours["completion_ids"]}
+    assert max(lengths) <= MAX_LEN and len(lengths) > 1
+    ended = [c for c in ours["completion_ids"] if c[-1] in trainer.eos_token_ids]
+    assert ended and all(not set(c[:-1]) & set(trainer.eos_token_ids) for c in ended)
+
+
+def test_decode_rollout_in_a_training_batch(rig):
+    """Set as the trainer's rollout_func, it feeds TRL's scoring: one batch of B completions, G per prompt,
+    sampled (temperature 1: a group is not G copies), with rewards and advantages."""
+    trainer = rig.trainer("dapo", 0.0)
+    inputs = [rig.dataset[i] for i in range(B // G) for _ in range(G)]
+    trainer.rollout_func = rl.decode_rollout
+    try:
+        torch.manual_seed(0)
+        batch = trainer._generate_and_score_completions(inputs)
+    finally:
+        trainer.rollout_func = None
+    assert batch["completion_ids"].shape[0] == B and batch["advantages"].shape == (B,)
+    rows = [tuple(r[m.bool()].tolist()) for r, m in zip(batch["completion_ids"], batch["completion_mask"])]
+    assert len(set(rows[:G])) > 1
+    trainer.top_k = 5
+    try:
+        with pytest.raises(ValueError, match="top_k"):
+            rl.decode_rollout([x["prompt"] for x in inputs], trainer)
+    finally:
+        trainer.top_k = 0

@@ -15,8 +15,11 @@ __all__ = ["record", "read_records"]
 # - tqdm in a kernel without ipywidgets falls back to text bars (that is fine);
 # - peft still asks transformers 5.23 for the deprecated `is_gradient_checkpointing`;
 # - bitsandbytes' optional CPU kernel lives on the Hub; without it bitsandbytes uses its own
-#   implementation (same results), and says so at every import.
+#   implementation (same results), and says so at every import;
+# - TRL calls `rollout_func` experimental at every GRPOTrainer; lesson 04 explains why the tiny
+#   preset passes one (utils.rl.decode_rollout) and tests/test_rl.py checks it.
 _warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 _warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+_warnings.filterwarnings("ignore", message="You are using 'rollout_func'", category=UserWarning)
 _logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
     lambda rec: "kernels-community" not in rec.getMessage())

@@ -53,7 +53,8 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 @torch.inference_mode()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
            stop_ids: list[int], pad_token_id: int, do_sample: bool = False, temperature: float = 1.0,
-           top_p: float = 1.0, stop_strings: list[str] | None = None, tokenizer=None) -> torch.Tensor:
+           top_p: float = 1.0, num_return_sequences: int = 1, stop_strings: list[str] | None = None,
+           tokenizer=None) -> torch.Tensor:
     """Greedy or sampled decoding with a KV cache, dropping each row from the batch once it has ended.
 
     ``model.generate`` keeps every row in the batch until the longest one ends (finished rows
@@ -63,23 +64,31 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     ``generate(do_sample=False)``; sampling draws from the same distribution (softmax of
     ``logits / temperature``, then ``top_p``; no top-k). The model's ``generation_config``
     (repetition penalty, default top-k ...) is not consulted: what you pass is what runs.
+    With ``num_return_sequences=n`` each prompt is read once (one prefill) and its KV cache is
+    copied to its n rows (``generate`` reads it n times: on the tiny model the prompt is longer
+    than most answers, so this saves about a third of the sampling time); each row then samples
+    on its own.
 
     Args:
         input_ids, attention_mask: (B, P) int64, prompts padded on the *left*.
         max_new_tokens: at most this many new tokens per row.
+        num_return_sequences: n rows per prompt (sampling; greedy rows would be copies).
         stop_ids: token ids that end a row (the stop token is kept in the output).
         pad_token_id: fills the positions after a row's end.
         stop_strings: a row also ends once its text contains one of these (needs ``tokenizer``).
     Returns:
-        (B, N) int64 new tokens, N <= ``max_new_tokens``; after a row's stop token or stop string
+        (B * n, N) int64 new tokens, N <= ``max_new_tokens``, rows of one prompt adjacent (as
+        ``input_ids.repeat_interleave(n, dim=0)``); after a row's stop token or stop string
         everything is ``pad_token_id``.
     """
     from transformers import DynamicCache
 
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings needs the tokenizer")
+    if num_return_sequences > 1 and not do_sample:
+        raise ValueError("num_return_sequences > 1 needs do_sample=True (greedy gives n copies)")
     window = max((len(s) for s in stop_strings), default=0) + 4 if stop_strings else 0
-    B, device = input_ids.shape[0], input_ids.device
+    B, device = input_ids.shape[0] * num_return_sequences, input_ids.device
     out = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     stops = torch.tensor(stop_ids, device=device)
     rows = torch.arange(B, device=device)              # the original row of each row still decoding
@@ -88,6 +97,10 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     position_ids = position_ids[:, -1:]
+    if num_return_sequences > 1:                        # one prefill per prompt, its cache copied to its n rows
+        cache.batch_repeat_interleave(num_return_sequences)
+        logits, attention_mask, position_ids = (x.repeat_interleave(num_return_sequences, dim=0)
+                                                for x in (logits, attention_mask, position_ids))
     n = 0
     for t in range(max_new_tokens):
         if do_sample:
@@ -144,10 +157,9 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 128,
             # decoder-only models generate to the right of the prompt: pad on the left
             enc = tokenizer(prompts[i:i + per_batch], return_tensors="pt", padding=True, padding_side="left",
                             add_special_tokens=False).to(device)
-            new = decode(model, enc["input_ids"].repeat_interleave(num_return_sequences, dim=0),
-                         enc["attention_mask"].repeat_interleave(num_return_sequences, dim=0),
-                         max_new_tokens=max_new_tokens, stop_ids=stop_token_ids(tokenizer), pad_token_id=pad_id,
-                         do_sample=do_sample, temperature=temperature, top_p=top_p,
+            new = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=max_new_tokens,
+                         stop_ids=stop_token_ids(tokenizer), pad_token_id=pad_id, do_sample=do_sample,
+                         temperature=temperature, top_p=top_p, num_return_sequences=num_return_sequences,
                          stop_strings=stop_strings, tokenizer=tokenizer)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             if stop_strings:

@@ -55,7 +55,7 @@ LESSON_KEYS: dict[str, tuple[str, ...]] = {
            "batch_size", "grad_accum", "temperature", "max_completion_length", "learning_rate", "max_steps",
            "warmup_ratio", "beta", "loss_type", "use_lora", "lora_r", "lora_alpha", "lora_dropout",
            "lora_target_modules", "eval_batch_size", "gradient_checkpointing", "save_steps", "logging_steps",
-           "use_vllm", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
+           "use_vllm", "decode_rollout", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
            "sweep_generations", "sweep_temperatures"),
     "05": ("model", "dataset", "difficulty", "sft_steps", "n_train", "n_test", "num_generations", "prompts_per_step",
            "batch_size", "grad_accum", "steps_per_generation", "temperature", "max_completion_length",
@@ -130,6 +130,7 @@ _GPU_04 = {
     "save_steps": 50,
     "logging_steps": 5,
     "use_vllm": False,            # vLLM is not in the pinned requirements: pip install vllm, then USE_VLLM=True
+    "decode_rollout": False,      # TRL's generate (or vLLM) samples the rollouts
     "hack_steps": 30,
     "hack_learning_rate": 5e-5,   # 5x the real run: the exploit shows within a few dozen steps
     "sampled_eval_prompts": 200,
@@ -141,7 +142,7 @@ _GPU_04 = {
 
 def _rl_lesson(lesson04: dict) -> dict:
     """Lesson 04's RL settings without its lesson-04-only knobs (the hack run and the sweeps): lesson 05's base."""
-    only04 = ("shortcut_share", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
+    only04 = ("shortcut_share", "decode_rollout", "hack_steps", "hack_learning_rate", "sampled_eval_prompts", "sweep_prompts",
               "sweep_generations", "sweep_temperatures")
     return {k: v for k, v in lesson04.items() if k not in only04}
 
@@ -176,9 +177,10 @@ _TINY_04 = {
     "save_steps": 0,
     "logging_steps": 1,
     "use_vllm": False,
-    "hack_steps": 15,
+    "decode_rollout": True,     # rollouts sampled by utils.rl.decode_rollout (TRL's rollout_func): ~2x faster on a CPU
+    "hack_steps": 10,
     "hack_learning_rate": 3e-3,  # 3x the real run: the exploit shows within seconds
-    "sampled_eval_prompts": 150,
+    "sampled_eval_prompts": 100,
     "sweep_prompts": 32,
     "sweep_generations": [2, 4, 8, 16],
     "sweep_temperatures": [0.7, 1.0, 1.3],
@@ -255,7 +257,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 2 min 30 s, lesson 04 2 min 52 s, lesson 05 2 min 31 s, lesson 06 56 s; on a slow day (2026-11-23, a training step 35-70 % slower) 01 2 min 55 s, 02 2 min 15 s, 03 2 min 42 s, 04 5 min 38 s, 05 4 min 48 s, 06 1 min 49 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 41 s, lesson 04 2 min 59 s (3 min 30 s in the same hour), lesson 05 2 min 31 s, lesson 06 56 s; on a slow day (2026-11-23, a training step 35-70 % slower, before the shared-prefill sampler) 01 2 min 55 s, 02 2 min 15 s, 03 2 min 42 s, 04 5 min 38 s, 05 4 min 48 s, 06 1 min 49 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),

@@ -407,3 +407,63 @@ def rloo_config(cfg, output_dir, **overrides):
     from trl import RLOOConfig
 
     return RLOOConfig(**{**_rl_kwargs(cfg, output_dir, overrides), **overrides})
+
+
+# ----------------------------------------------------------------------------- rollouts on a CPU
+def decode_rollout(prompts: list, trainer) -> dict:
+    """``GRPOTrainer(rollout_func=...)``: the rollouts sampled with :func:`utils.evaluation.decode`.
+
+    TRL's own path calls ``model.generate`` on the whole generation batch: every row keeps
+    computing until the longest one ends, and each prompt is read ``num_generations`` times. Here
+    each prompt is read once (its KV cache copied to its group) and each completion leaves the
+    batch when it ends: the same samples in distribution (softmax of ``logits / temperature``,
+    ``top_p``), at about half the cost on the tiny model. Everything else in the step (rewards,
+    advantages, logps, the loss) is TRL's. For GPUs, TRL's ``use_vllm`` does this job.
+
+    Args:
+        prompts: N conversational prompts (lists of messages), as the trainer passes them: each
+            prompt's ``num_generations`` copies adjacent (TRL's ``RepeatSampler``).
+        trainer: the ``GRPOTrainer``; its ``temperature``, ``top_p``, ``max_completion_length``,
+            ``eos_token_ids`` and ``chat_template_kwargs`` are used.
+    Returns:
+        ``{"prompt_ids": N lists, "completion_ids": N lists (up to and including the first eos
+        token, as TRL keeps it), "logprobs": None}`` (no sampling logprobs: TRL computes its own).
+    """
+    from .evaluation import decode
+
+    if trainer.top_k not in (0, None) or trainer.min_p is not None or trainer.repetition_penalty != 1.0:
+        raise ValueError("decode_rollout samples with temperature and top_p only: leave top_k, min_p and "
+                         "repetition_penalty at their defaults, or drop rollout_func (TRL's generate)")
+    if trainer.use_vllm:
+        raise ValueError("decode_rollout is the CPU path: with use_vllm=True, drop rollout_func (vLLM samples)")
+    if trainer.tools:
+        raise ValueError("decode_rollout samples single turns: with tools, drop rollout_func (TRL's generate)")
+    tok = trainer.processing_class
+    prompt_ids = tok.apply_chat_template(conversation=prompts, chat_template=trainer.chat_template,
+                                         add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         **trainer.chat_template_kwargs)["input_ids"]
+    # groups of identical adjacent prompts: each is read once
+    n = trainer.num_generations
+    grouped = len(prompts) % n == 0 and all(prompt_ids[i] == prompt_ids[i - i % n] for i in range(len(prompts)))
+    n = n if grouped else 1
+    firsts = prompt_ids[::n]
+    width = max(map(len, firsts))
+    pad_id = tok.pad_token_id
+    device = trainer.accelerator.device
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in firsts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in firsts], device=device)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    model.eval()
+    try:
+        new = decode(model, input_ids, attention_mask, max_new_tokens=trainer.max_completion_length,
+                     stop_ids=list(trainer.eos_token_ids), pad_token_id=pad_id, do_sample=True,
+                     temperature=trainer.temperature, top_p=trainer.top_p, num_return_sequences=n)
+    finally:
+        model.train(was_training)
+    stops = set(trainer.eos_token_ids)
+    completion_ids = []
+    for row in new.tolist():
+        end = next((i for i, t in enumerate(row) if t in stops), len(row) - 1)
+        completion_ids.append(row[:end + 1])
+    return {"prompt_ids": [list(p) for p in prompt_ids], "completion_ids": completion_ids, "logprobs": None}
