@@ -446,18 +446,14 @@ def decode_rollout(prompts: list, trainer) -> dict:
     n = trainer.num_generations
     grouped = len(prompts) % n == 0 and all(prompt_ids[i] == prompt_ids[i - i % n] for i in range(len(prompts)))
     n = n if grouped else 1
-    firsts = prompt_ids[::n]
-    width = max(map(len, firsts))
-    pad_id = tok.pad_token_id
-    device = trainer.accelerator.device
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in firsts], device=device)
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in firsts], device=device)
+    enc = tok.pad({"input_ids": prompt_ids[::n]}, return_tensors="pt", padding_side="left")
+    input_ids, attention_mask = (enc[k].to(trainer.accelerator.device) for k in ("input_ids", "attention_mask"))
     model = trainer.accelerator.unwrap_model(trainer.model)
     was_training = model.training
     model.eval()
     try:
         new = decode(model, input_ids, attention_mask, max_new_tokens=trainer.max_completion_length,
-                     stop_ids=list(trainer.eos_token_ids), pad_token_id=pad_id, do_sample=True,
+                     stop_ids=list(trainer.eos_token_ids), pad_token_id=tok.pad_token_id, do_sample=True,
                      temperature=trainer.temperature, top_p=trainer.top_p, num_return_sequences=n)
     finally:
         model.train(was_training)
