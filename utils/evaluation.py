@@ -144,8 +144,6 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 128,
     Returns:
         P lists of n completion strings (special tokens removed).
     """
-    if num_return_sequences > 1 and not do_sample:
-        raise ValueError("num_return_sequences > 1 needs do_sample=True (greedy gives n copies)")
     was_training = model.training
     model.eval()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
