@@ -150,6 +150,17 @@ def test_measurement_is_dropped_when_the_preset_changes(monkeypatch):
     assert presets.measured_note("24g", "04") == "unmeasured"
 
 
+def test_measurement_survives_a_key_added_at_the_measured_value(monkeypatch):
+    """decode_rollout came after the twins: False (TRL's generate, what was measured) keeps the
+    record, True (our decoder samples the rollouts) is another run and drops it."""
+    params = presets.PRESETS["24g"]["lessons"]["04"]
+    assert params["decode_rollout"] is False and presets.measurement("24g", "04") is not None
+    without = {k: v for k, v in params.items() if k != "decode_rollout"}
+    assert presets.params_digest(without) == presets.params_digest(params)
+    monkeypatch.setitem(presets.PRESETS["24g"]["lessons"], "04", {**params, "decode_rollout": True})
+    assert presets.measurement("24g", "04") is None
+
+
 def test_unmeasured_lessons_say_so():
     for name in presets._gpu_presets():
         for lesson in presets.PRESETS[name]["lessons"]:

@@ -575,11 +575,17 @@ def _model_label(model: str) -> str:
 CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_share")
 
 
+# Keys added after the twins were measured, with the value that runs exactly what was measured: a preset
+# holding that value keeps its measurement (any other value changes the run, so the digest changes).
+MEASURED_DEFAULTS = {"decode_rollout": False}
+
+
 def params_digest(params: dict) -> str:
-    """A short hash of a lesson's preset parameters (the model, checked separately, and the
-    :data:`CONTENT_KEYS` excluded): when it differs from the digest stored with a measurement, the
-    preset's sizes changed after it was measured."""
-    body = {k: v for k, v in params.items() if k not in CONTENT_KEYS}
+    """A short hash of a lesson's preset parameters (the model, checked separately, the
+    :data:`CONTENT_KEYS` and keys at their :data:`MEASURED_DEFAULTS` value excluded): when it differs
+    from the digest stored with a measurement, the preset changed after it was measured."""
+    body = {k: v for k, v in params.items()
+            if k not in CONTENT_KEYS and not (k in MEASURED_DEFAULTS and v == MEASURED_DEFAULTS[k])}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
