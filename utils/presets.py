@@ -72,6 +72,7 @@ COMMON_KEYS = ("seed",)
 
 # All linear layers of a Qwen2/Qwen3 decoder block (attention and MLP).
 QWEN_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+QWEN_ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 GSM8K = "openai/gsm8k"   # 7,473 train / 1,319 test problems (config "main")
 
@@ -171,7 +172,8 @@ _TINY_04 = {
     "lora_r": 16,
     "lora_alpha": 32,
     "lora_dropout": 0.0,
-    "lora_target_modules": list(QWEN_LORA_TARGETS),
+    "lora_target_modules": list(QWEN_ATTENTION),  # on a 1.7 M model the MLP adapters' elementwise work
+                                # cost more than they give: 3.3 s per GRPO step instead of 4.3, no less learned
     "eval_batch_size": 250,
     "gradient_checkpointing": False,
     "save_steps": 0,
@@ -179,7 +181,7 @@ _TINY_04 = {
     "use_vllm": False,
     "decode_rollout": True,     # rollouts sampled by utils.rl.decode_rollout (TRL's rollout_func): ~2x faster on a CPU
     "hack_steps": 10,
-    "hack_learning_rate": 3e-3,  # 3x the real run: the exploit shows within seconds
+    "hack_learning_rate": 4.5e-3,  # 4.5x the real run: the exploit shows within seconds
     "sampled_eval_prompts": 100,
     "sweep_prompts": 32,
     "sweep_generations": [2, 4, 8, 16],
@@ -257,7 +259,7 @@ PRESETS: dict[str, dict] = {
         "min_gpu_gb": 0.0,
         "bf16": None,
         "dtype": "fp32",          # fp32 everywhere, even when a GPU is present
-        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 41 s, lesson 04 2 min 59 s (3 min 30 s in the same hour), lesson 05 2 min 31 s, lesson 06 56 s; on a slow day (2026-11-23, a training step 35-70 % slower, before the shared-prefill sampler) 01 2 min 55 s, 02 2 min 15 s, 03 2 min 42 s, 04 5 min 38 s, 05 4 min 48 s, 06 1 min 49 s",
+        "measured": "on 2 CPU cores, start-up included: lesson 01 1 min 35 s, lesson 02 1 min 32 s, lesson 03 1 min 41 s, lesson 04 2 min 34 s to 2 min 43 s (six runs in one hour), lesson 05 2 min 31 s, lesson 06 56 s; on a slow day (2026-11-23, a training step 35-70 % slower, before the shared-prefill sampler) 01 2 min 55 s, 02 2 min 15 s, 03 2 min 42 s, 04 5 min 38 s, 05 4 min 48 s, 06 1 min 49 s",
         "lessons": {
             "01": {
                 "model": str(TINY_MODEL_DIR),
@@ -343,6 +345,7 @@ PRESETS: dict[str, dict] = {
             },
             "04": _TINY_04,
             "05": {**_rl_lesson(_TINY_04),
+                   "lora_target_modules": list(QWEN_LORA_TARGETS),  # lesson 05 was tuned with all seven
                    "sft_steps": 60,            # lesson 01's tiny recipe, unchanged (lesson 04 doubles it)
                    "batch_size": 64,           # completions per optimizer step
                    "steps_per_generation": 2,  # 16 x 8 = 128 completions sampled at once = 2 optimizer steps
