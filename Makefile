@@ -11,15 +11,18 @@ export TQDM_DISABLE ?= 1
 export MPLBACKEND ?= Agg
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test notebooks labs bench bench-grade tiny-model clean help
+.PHONY: setup run test test-fast lint notebooks labs handout bench bench-grade tiny-model clean help
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make run        run the lessons (PRESET=auto|tiny|t4-16g|24g|80g, LESSONS='01 02') and print a summary"
-	@echo "make test       unit tests + lesson execution (papermill) + nbval regression"
+	@echo "make test       unit tests + every lesson executed once (papermill), its records and nbval regression"
+	@echo "make test-fast  everything that does not execute a whole lesson (a few minutes)"
+	@echo "make lint       ruff over utils/, tests/ and the lessons"
 	@echo "make setup      create $(VENV) and install the pinned requirements"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
-	@echo "make labs       rebuild the student editions in labs/ from notebooks/"
+	@echo "make labs       rebuild the student editions in labs/ and the answers in utils/solutions/ from notebooks/"
+	@echo "make handout OUT=../week4 WITHHOLD='04' [LABS='01 02 03 04']  a student repository without those answers"
 	@echo "make bench-grade grade 30 generated lab-01 submissions and print the time"
 	@echo "make bench      benchmark report (wall time, peak memory, metrics) in bench/"
 	@echo "make tiny-model rebuild the embedded tiny model (about 8 minutes on 2 cores)"
@@ -34,28 +37,41 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m utils.run $(LESSONS) --preset $(PRESET)
+	$(PY) -m utils run $(LESSONS) --preset $(PRESET)
 
+# Each lesson runs once (tests/lesson_runs.py) for its record tests and the nbval comparison of notebooks/.
 test: $(STAMP)
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
+	$(PY) -m pytest tests notebooks
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -m "not lesson"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 notebooks: $(STAMP)
-	$(PY) -m utils.run $(LESSONS) --preset tiny --inplace
+	$(PY) -m utils run $(LESSONS) --preset tiny --inplace
 
 labs: $(STAMP)
-	$(PY) -m utils.labs build
+	$(PY) -m utils labs build
+
+OUT ?=
+WITHHOLD ?=
+LABS ?=
+handout: $(STAMP)
+	@test -n "$(OUT)" || { echo "usage: make handout OUT=<folder outside the repository> WITHHOLD='04 05' [LABS='01 02 03 04']"; exit 2; }
+	$(PY) -m utils handout --out $(OUT) --withhold $(WITHHOLD) $(if $(LABS),--labs $(LABS),)
 
 bench-grade: $(STAMP)
 	rm -rf bench/submissions-01 bench/grades-01
 	$(PY) -m tests.grading_fixtures bench/submissions-01 --count 30
-	$(PY) -m utils.grade bench/submissions-01 --lab 01 --out bench/grades-01
+	$(PY) -m utils grade bench/submissions-01 --lab 01 --out bench/grades-01
 
 bench: $(STAMP)
-	$(PY) -m utils.run $(LESSONS) --preset tiny --bench --out bench
+	$(PY) -m utils run $(LESSONS) --preset tiny --bench --out bench
 
 tiny-model: $(STAMP)
-	$(PY) -m utils.tiny build
+	$(PY) -m utils tiny build
 
 clean:
 	rm -rf runs bench .pytest_cache

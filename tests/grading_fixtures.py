@@ -28,9 +28,10 @@ from pathlib import Path
 
 import nbformat
 
-from utils import labs
+from utils.constants import NOTEBOOKS_DIR
+from utils.course import cells, labs
 
-LESSON = labs.NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb"
+LESSON = NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb"
 NAME = LESSON.stem
 
 PARTIAL_COLLATE = '''def collate(examples, pad_token_id):
@@ -67,7 +68,7 @@ STUDENTS = {"correct": "alice", "partial": "bob", "stub": "carol", "tampered": "
 
 
 def _cell(nb, gid):
-    return next(c for c in nb.cells if labs.grade_id(c) == gid)
+    return next(c for c in nb.cells if cells.grade_id(c) == gid)
 
 
 def solved_lab(executed: bool):
@@ -79,7 +80,7 @@ def solved_lab(executed: bool):
         ref = by_id.get(cell.get("id"))
         if ref is None:
             continue
-        if labs.is_solution(cell):
+        if cells.is_solution(cell):
             cell.source = ref.source
         if executed and cell.cell_type == "code":
             cell.outputs = copy.deepcopy(ref.outputs)
@@ -107,7 +108,7 @@ def submission(kind: str):
     elif kind == "crash":
         _cell(nb, "01-collate-answer").source = CRASH_COLLATE
     elif kind == "wrong":
-        nb = labs.lab_for(labs.NOTEBOOKS_DIR / "06_quantization.ipynb")
+        nb = labs.lab_for(NOTEBOOKS_DIR / "06_quantization.ipynb")
     elif kind == "missing":
         nb.cells.remove(_cell(nb, "01-sft-mask-answer"))
         nb.cells.remove(_cell(nb, "01-sft-mask"))

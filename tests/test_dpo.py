@@ -1,4 +1,5 @@
-"""utils/dpo.py: known values, and the from-scratch DPO loss equals TRL DPOTrainer's on the same batch."""
+"""utils/dpo.py and lesson 03's answers: known values, and the from-scratch DPO loss equals TRL DPOTrainer's on
+the same batch."""
 import copy
 import math
 
@@ -6,7 +7,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-from utils import data, dpo, tiny
+from utils import data, dpo
+from utils.course import tiny
+from utils.solutions import lesson03 as l03
 
 
 def test_sequence_logps_known_values():
@@ -15,21 +18,21 @@ def test_sequence_logps_known_values():
     logits[0, 1, 2] = math.log(2.0)           # position 1 predicts token 2 with probability 2/4
     input_ids = torch.tensor([[0, 1, 2, 0]])
     mask = torch.tensor([[0, 1, 1, 0]])       # completion = tokens at positions 1 and 2
-    got = dpo.sequence_logps(logits, input_ids, mask)
+    got = l03.sequence_logps(logits, input_ids, mask)
     assert got.shape == (1,) and got.dtype == torch.float32
     assert got.item() == pytest.approx(math.log(1 / 3) + math.log(0.5))
-    assert dpo.sequence_logps(logits, input_ids, torch.zeros_like(mask)).item() == 0.0
+    assert l03.sequence_logps(logits, input_ids, torch.zeros_like(mask)).item() == 0.0
 
 
 def test_dpo_loss_known_values():
     pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
     rc, rr = torch.tensor([-2.0, -2.0]), torch.tensor([-2.0, -2.0])
-    loss, cr, rj = dpo.dpo_loss(pc, pr, rc, rr, beta=0.5)
+    loss, cr, rj = l03.dpo_loss(pc, pr, rc, rr, beta=0.5)
     margins = torch.tensor([0.5 * (1 - (-1)), 0.5 * (0 - 1)])      # [1.0, -0.5]
     assert loss.item() == pytest.approx(float(-torch.nn.functional.logsigmoid(margins).mean()))
     assert cr.tolist() == [0.5, 0.0] and rj.tolist() == [-0.5, 0.5]
     # equal policy and reference: the loss is log 2 whatever beta
-    same = dpo.dpo_loss(pc, pr, pc, pr, beta=3.0)[0]
+    same = l03.dpo_loss(pc, pr, pc, pr, beta=3.0)[0]
     assert same.item() == pytest.approx(math.log(2))
 
 
@@ -74,14 +77,20 @@ def test_tokenize_pair_matches_trl(trl_setup):
         assert {k: row[k] for k in ours} == ours
 
 
+def completion_logps(model, batch):
+    """(2B,) summed completion log-probabilities of a preference batch, by lesson 03's answer."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    return l03.sequence_logps(logits, batch["input_ids"], batch["completion_mask"])
+
+
 def test_loss_matches_trl_dpo_trainer(trl_setup):
     trainer, ref, tok = trl_setup
     batch = next(iter(trainer.get_train_dataloader()))
     with torch.no_grad():
         trl_loss = trainer.compute_loss(trainer.model, batch).item()
-        pc, pr = dpo.completion_logps(trainer.model, batch).chunk(2)
-        rc, rr = dpo.completion_logps(ref, batch).chunk(2)
-    ours, chosen_rewards, rejected_rewards = dpo.dpo_loss(pc, pr, rc, rr, beta=0.3)
+        pc, pr = completion_logps(trainer.model, batch).chunk(2)
+        rc, rr = completion_logps(ref, batch).chunk(2)
+    ours, chosen_rewards, rejected_rewards = l03.dpo_loss(pc, pr, rc, rr, beta=0.3)
     assert abs(ours.item() - math.log(2)) > 1e-3, "the test needs policy != reference"
     assert ours.item() == pytest.approx(trl_loss, abs=1e-5)
     # the batch our own collator builds is TRL's batch
@@ -95,7 +104,7 @@ def test_loss_matches_trl_dpo_trainer(trl_setup):
 
 def test_implicit_rewards_zero_for_identical_models():
     model, tok = tiny.load()
-    c, r = dpo.implicit_rewards(model, model, tok, _pairs(3), beta=0.1)
+    c, r = dpo.implicit_rewards(model, model, tok, _pairs(3), beta=0.1, sequence_logps=l03.sequence_logps)
     assert c.shape == r.shape == (3,)
     assert c.abs().max().item() < 1e-6 and r.abs().max().item() < 1e-6
 
@@ -215,7 +224,7 @@ def test_kl_to_reference_agrees_with_the_plain_monte_carlo_estimate():
     tok.padding_side = "left"
     batch = dpo.sample_answers(policy, tok, evaluation.format_prompts(tok, problems, "chat"), max_new_tokens=8)
     with torch.no_grad():
-        lp = [dpo.sequence_logps(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        lp = [l03.sequence_logps(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                    position_ids=batch["position_ids"]).logits,
                                  batch["input_ids"], batch["completion_mask"]) for m in (policy, model)]
     plain = lp[0] - lp[1]

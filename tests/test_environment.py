@@ -2,12 +2,12 @@
 import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from utils.constants import REPO_ROOT as ROOT
+
 PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([A-Za-z0-9_.+\-]+)$")
 
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from utils import data, evaluation, tiny
+from utils import data, evaluation
+from utils.course import tiny
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import grading_fixtures
-from utils import grade, labs
+from tests import grading_fixtures
+from utils.course import grade, grading, labs
 
 EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
 
@@ -44,10 +44,10 @@ def test_a_dead_kernel_is_blamed_on_the_cell_it_died_in(announced):
         cell("setup", None, True, True, 1),
         cell("answer", "x-answer", announced, False, 2 if announced else None),
         cell("check", "x", False, False, None)])
-    run = grade.read_run(nb, cell_timeout=8, stopped="DeadKernelError: Kernel died")
+    run = grading.read_run(nb, cell_timeout=8, stopped="DeadKernelError: Kernel died")
     assert run["running"] == 1
     assert run["checks"]["x"]["passed"] is False and run["checks"]["x"]["ename"] == "NotRun"
-    assert grade.read_run(nb, cell_timeout=8)["running"] is None, "a run that did not stop early blames nobody"
+    assert grading.read_run(nb, cell_timeout=8)["running"] is None, "a run that did not stop early blames nobody"
 
 def test_find_submissions_layouts(tmp_path):
     (tmp_path / "ann.ipynb").write_text("{}")
@@ -70,7 +70,7 @@ def test_find_submissions_layouts(tmp_path):
 def test_grading_notebook_restores_checks_and_keeps_hidden_tests():
     lesson = nbformat.read(grading_fixtures.LESSON, as_version=4)
     sub = nbformat.reads(grading_fixtures.submission("tampered")[1], as_version=4)
-    gnb, integrity = grade.grading_notebook(lesson, sub, labs.lab_for(grading_fixtures.LESSON))
+    gnb, integrity = grading.grading_notebook(lesson, sub, labs.lab_for(grading_fixtures.LESSON))
     assert [(i["flag"], i["grade_id"]) for i in integrity] == [("modified", "01-collate"), ("deleted", "01-causal-loss")]
     roles = [c.metadata["grading"]["role"] for c in gnb.cells]
     assert roles[0] == "setup" and roles[1] == "parameters" and roles.count("check") == 3 and roles.count("answer") == 3

@@ -4,7 +4,7 @@ import json
 import nbformat
 import pytest
 
-from utils import labs
+from utils.course import cells, labs
 
 
 def cell(source, **nbgrader):
@@ -20,16 +20,16 @@ def test_checksum_is_nbgraders():
                  grade_id="xx-check", points=2)
     answer = cell("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()", grade=False, solution=True,
                   locked=False, grade_id="xx-check-answer")
-    assert labs.compute_checksum(check) == "9f21f0ea74de4576591c084128a4c7ce"
-    assert labs.compute_checksum(answer) == "083325e8035569290d68612de43daf58"
+    assert cells.compute_checksum(check) == "9f21f0ea74de4576591c084128a4c7ce"
+    assert cells.compute_checksum(answer) == "083325e8035569290d68612de43daf58"
     check.source += " "
-    assert labs.compute_checksum(check) != "9f21f0ea74de4576591c084128a4c7ce", "any edit changes the checksum"
+    assert cells.compute_checksum(check) != "9f21f0ea74de4576591c084128a4c7ce", "any edit changes the checksum"
 
 
 def test_stub_keeps_indentation_and_names_the_exercise():
     src = ("IGNORE = -1\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n    ### BEGIN SOLUTION\n    y = 2 * x\n    ### END SOLUTION\n"
            "    return y\n\n\ndef g():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")
-    out = labs.stub_solutions(src, "07-double")
+    out = cells.stub_solutions(src, "07-double")
     assert "y = 2 * x" not in out and "return 1" not in out and "BEGIN SOLUTION" not in out
     assert out.startswith("IGNORE = -1\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n    # YOUR CODE HERE\n    raise NotImplementedError(")
     assert "Exercise 07-double: write the body of f()" in out and "write the body of g()" in out
@@ -44,13 +44,13 @@ def test_stub_keeps_indentation_and_names_the_exercise():
     ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
 ])
 def test_unbalanced_markers_are_errors(src, message):
-    with pytest.raises(labs.LabError, match=message):
-        labs.stub_solutions(src, "x")
+    with pytest.raises(cells.LabError, match=message):
+        cells.stub_solutions(src, "x")
 
 
 def test_hidden_tests_removed():
     src = "assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(5) == 10\n### END HIDDEN TESTS\nprint('ok')"
-    assert labs.remove_hidden_tests(src) == "assert f(1) == 2\nprint('ok')"
+    assert cells.remove_hidden_tests(src) == "assert f(1) == 2\nprint('ok')"
 
 
 def _lesson(*cells):
@@ -65,25 +65,25 @@ def test_contract_violations_are_named():
     check = cell("assert f(2) == 4", grade=True, solution=False, locked=True, grade_id="xx-f", points=1)
     answer = cell("def f(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
                   grade=False, solution=True, locked=False, grade_id="xx-f-answer")
-    labs.check_contract(_lesson(setup, answer, check))
-    with pytest.raises(labs.LabError, match="solution=true"):
-        labs.check_contract(_lesson(setup, cell(answer.source), check))
-    with pytest.raises(labs.LabError, match="used twice"):
-        labs.check_contract(_lesson(setup, answer, check, cell("assert True", grade=True, solution=False, locked=True,
+    cells.check_contract(_lesson(setup, answer, check))
+    with pytest.raises(cells.LabError, match="solution=true"):
+        cells.check_contract(_lesson(setup, cell(answer.source), check))
+    with pytest.raises(cells.LabError, match="used twice"):
+        cells.check_contract(_lesson(setup, answer, check, cell("assert True", grade=True, solution=False, locked=True,
                                                                      grade_id="xx-f", points=1)))
-    with pytest.raises(labs.LabError, match="hidden tests belong"):
-        labs.check_contract(_lesson(setup, answer, check, cell("### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS")))
-    with pytest.raises(labs.LabError, match="grader-setup"):
-        labs.check_contract(_lesson(answer, check))
-    with pytest.raises(labs.LabError, match="points"):
-        labs.check_contract(_lesson(setup, answer, cell("assert 1", grade=True, solution=False, locked=True,
+    with pytest.raises(cells.LabError, match="hidden tests belong"):
+        cells.check_contract(_lesson(setup, answer, check, cell("### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS")))
+    with pytest.raises(cells.LabError, match="grader-setup"):
+        cells.check_contract(_lesson(answer, check))
+    with pytest.raises(cells.LabError, match="points"):
+        cells.check_contract(_lesson(setup, answer, cell("assert 1", grade=True, solution=False, locked=True,
                                                          grade_id="xx-g", points=0)))
 
 
 @pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
 def test_lab_of_each_lesson(lesson):
     src = nbformat.read(lesson, as_version=4)
-    labs.check_contract(src, lesson.stem)
+    cells.check_contract(src, lesson.stem)
     lab = labs.lab_for(lesson)
     text = json.dumps(lab)
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, "solutions and hidden tests must not reach students"
@@ -92,14 +92,14 @@ def test_lab_of_each_lesson(lesson):
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in lab.cells if c.cell_type == "code")
     n_answers = n_checks = 0
     for c in lab.cells:
-        if labs.is_grade(c):
+        if cells.is_grade(c):
             n_checks += 1
             assert c.metadata["editable"] is False and c.metadata["deletable"] is False
-        if labs.is_solution(c):
+        if cells.is_solution(c):
             n_answers += 1
             assert "raise NotImplementedError('Exercise " in c.source and c.metadata["deletable"] is False
-        if labs.is_grade(c) or labs.is_solution(c):
-            assert c.metadata["nbgrader"]["checksum"] == labs.compute_checksum(c)
+        if cells.is_grade(c) or cells.is_solution(c):
+            assert c.metadata["nbgrader"]["checksum"] == cells.compute_checksum(c)
     assert n_checks >= 2 and n_answers >= 2
     assert [c.get("id") for c in lab.cells if c.get("id") != labs.INSTRUCTIONS_ID] == [c.get("id") for c in src.cells], \
         "labs keep the lesson's cell ids (the grader finds cells by them)"
@@ -110,18 +110,27 @@ def test_labs_are_up_to_date():
     assert not problems, "labs/ is out of date with notebooks/; run `make labs`: " + "; ".join(problems)
 
 
-def test_stale_labs_are_detected(tmp_path):
+def test_stale_labs_and_solutions_are_detected(tmp_path):
     lesson = labs.lesson_paths(["06"])[0]
-    (tmp_path / "nb").mkdir()
+    dirs = tmp_path / "nb", tmp_path / "labs", tmp_path / "solutions"
+    for d in dirs:
+        d.mkdir()
     (tmp_path / "nb" / lesson.name).write_text(lesson.read_text())
-    labs.build(tmp_path / "nb", tmp_path / "labs")
-    assert labs.stale(tmp_path / "nb", tmp_path / "labs") == []
+    (tmp_path / "solutions" / "lesson05.py").write_text("# a lesson that is gone\n")
+    written = labs.build(*dirs)
+    assert {p.name for p in written} == {lesson.name, "lesson06.py"} and not (tmp_path / "solutions" / "lesson05.py").exists()
+    assert labs.stale(*dirs) == []
     nb = nbformat.read(tmp_path / "nb" / lesson.name, as_version=4)
-    next(c for c in nb.cells if labs.is_grade(c)).source += "\nassert True"
+    next(c for c in nb.cells if cells.is_grade(c)).source += "\nassert True"
     nbformat.write(nb, tmp_path / "nb" / lesson.name)
-    assert labs.stale(tmp_path / "nb", tmp_path / "labs") == [f"{lesson.name}: differs from what its lesson builds"]
+    assert labs.stale(*dirs) == [f"{lesson.name}: differs from what its lesson builds"]
+    answer = next(c for c in nb.cells if cells.is_solution(c))
+    indent = answer.source.split("### END SOLUTION")[0].rsplit("\n", 1)[1]     # the marker's own indentation
+    answer.source = answer.source.replace("### END SOLUTION", "pass  # changed\n" + indent + "### END SOLUTION", 1)
+    nbformat.write(nb, tmp_path / "nb" / lesson.name)
+    assert "utils/solutions/lesson06.py: differs from the answers of 06_quantization.ipynb" in labs.stale(*dirs)
     (tmp_path / "labs" / "09_gone.ipynb").write_text("{}")
-    assert "09_gone.ipynb: no lesson of that name" in labs.stale(tmp_path / "nb", tmp_path / "labs")
+    assert "09_gone.ipynb: no lesson of that name" in labs.stale(*dirs)
 
 
 @pytest.mark.slow

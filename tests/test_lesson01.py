@@ -1,12 +1,12 @@
 """Lesson 01 runs end to end on `tiny` under papermill and shows the SFT effect in its records."""
 import pytest
 
-from lesson_run import records_fixture
 
-records = records_fixture("01")
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("01")
 
 
-@pytest.mark.slow
 def test_sft_teaches_the_chat_format(records):
     assert records["01/preset"] == "tiny"
     assert records["01/format_compliance_after"] >= 0.9
@@ -14,7 +14,6 @@ def test_sft_teaches_the_chat_format(records):
     assert records["01/format_compliance_before"] <= 0.1, "the tiny model should not know the chat format before SFT"
 
 
-@pytest.mark.slow
 def test_every_training_variant_recorded(records):
     for key in ("hand_format_compliance", "lora_format_compliance", "nomask_format_compliance",
                 "accuracy_before", "accuracy_after", "answer_loss_masked", "answer_loss_unmasked"):

@@ -1,12 +1,12 @@
 """Lesson 02 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from lesson_run import records_fixture
 
-records = records_fixture("02")
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("02")
 
 
-@pytest.mark.slow
 def test_sft_with_trl_teaches_the_chat_format(records):
     assert records["02/preset"] == "tiny"
     assert records["02/format_compliance_before"] <= 0.1
@@ -16,7 +16,6 @@ def test_sft_with_trl_teaches_the_chat_format(records):
     assert 0 < records["02/eval_loss_final"] < 0.5
 
 
-@pytest.mark.slow
 def test_packing_beats_padding(records):
     assert records["02/tokens_per_s_packed"] > records["02/tokens_per_s_padded"]
     assert records["02/padding_fraction_packed"] < records["02/padding_fraction_padded"]
@@ -24,7 +23,6 @@ def test_packing_beats_padding(records):
     assert records["02/tokens_per_s_padding_free"] > 0
 
 
-@pytest.mark.slow
 def test_lora_and_qlora_figures(records):
     assert 0.05 < records["02/lora_trainable_share"] < 0.5
     assert records["02/lora_merge_max_abs_diff"] < 1e-3, "merging must not change the outputs"

@@ -1,17 +1,16 @@
 """Lesson 03 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from lesson_run import records_fixture
 
-records = records_fixture("03")
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("03")
 
 
-@pytest.mark.slow
 def test_from_scratch_loss_matches_trl(records):
     assert records["03/trl_loss_abs_diff"] < 1e-5
 
 
-@pytest.mark.slow
 def test_on_policy_pairs_of_both_kinds(records):
     assert records["03/sft_format_compliance"] >= 0.9
     assert records["03/sft_shortcut_rate"] > 0.5, "the SFT model mostly answers without working (it guesses)"
@@ -19,7 +18,6 @@ def test_on_policy_pairs_of_both_kinds(records):
     assert records["03/heldout_pairs"] >= 30
 
 
-@pytest.mark.slow
 def test_dpo_generalises_the_preferences_and_keeps_accuracy(records):
     assert records["03/train_reward_accuracy_final"] >= 0.7
     # the issue's targets: held-out implicit-reward preference accuracy >= 0.9, task accuracy at most 2 points down
@@ -32,7 +30,6 @@ def test_dpo_generalises_the_preferences_and_keeps_accuracy(records):
     assert records["03/dpo_format_compliance"] >= 0.9
 
 
-@pytest.mark.slow
 def test_beta_sweep_trades_kl_for_margin(records):
     assert records["03/kl_beta_0.01"] > records["03/kl_beta_0.5"] > 0
     assert records["03/log_ratio_margin_beta_0.01"] > records["03/log_ratio_margin_beta_0.1"] \

@@ -1,27 +1,27 @@
 """Lesson 04 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from lesson_run import records_fixture
 
-records = records_fixture("04")
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("04")
 
 
-@pytest.mark.slow
 def test_from_scratch_loss_matches_grpo_trainer(records):
     assert records["04/trl_loss_max_abs_diff"] < 1e-5
 
 
-@pytest.mark.slow
 def test_naive_reward_is_gamed(records):
     # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines
     assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 0.1
     assert records["04/hack_accuracy_after"] < 0.7 * records["04/hack_accuracy_before"]
     assert records["04/hack_lines_per_answer_after"] > records["04/hack_lines_per_answer_before"] + 1
     assert records["04/hack_characters_per_answer_after"] > 1.5 * records["04/hack_characters_per_answer_before"]
-    assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.3
+    # more answers run out of tokens before their final line; how many differs between machines
+    # (0.0 and 0.725 after, from 0.9975, on two CPUs with the same seed), the fall does not
+    assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.1
 
 
-@pytest.mark.slow
 def test_grpo_run(records):
     assert records["04/sft_format_compliance"] >= 0.9
     assert records["04/grpo_format_compliance"] >= 0.9
@@ -33,7 +33,6 @@ def test_grpo_run(records):
     assert records["04/accuracy_gain"] == pytest.approx(records["04/grpo_accuracy"] - records["04/sft_accuracy"])
 
 
-@pytest.mark.slow
 def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
     # the SFT model mostly names the answer without working it out (it saw 60 % such answers);
     # GRPO, rewarded on the final number only, makes it work the problem out
@@ -41,6 +40,5 @@ def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
     assert records["04/grpo_shortcut_share"] < 0.1
 
 
-@pytest.mark.slow
 def test_larger_groups_carry_more_signal(records):
     assert records["04/zero_std_T1.0_G2"] > records["04/zero_std_T1.0_G8"] > records["04/zero_std_T1.0_G16"]

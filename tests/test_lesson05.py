@@ -1,18 +1,17 @@
 """Lesson 05 runs end to end on `tiny` under papermill; its records show each effect it claims."""
 import pytest
 
-from lesson_run import records_fixture
 
-records = records_fixture("05")
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("05")
 METHODS = ("grpo", "dr_grpo", "dapo", "rloo")
 
 
-@pytest.mark.slow
 def test_overlong_reward_equals_trls(records):
     assert records["05/overlong_matches_trl"] is True
 
 
-@pytest.mark.slow
 def test_dynamic_sampling_filter(records):
     # the filter kept exactly the groups the DAPO run needs, and dropped some on the way
     assert records["05/filter_kept"] == 16 * records["05/max_steps"] // 2   # prompts_per_step x generation batches
@@ -21,7 +20,6 @@ def test_dynamic_sampling_filter(records):
     assert records["05/filter_tokens"] > 0
 
 
-@pytest.mark.slow
 def test_length_bias_in_the_loss(records):
     # "grpo"'s 1/|o| weight pushes each token of a long wrong answer less than one of a short wrong answer;
     # the token-level losses weight tokens by their advantage only
@@ -30,7 +28,6 @@ def test_length_bias_in_the_loss(records):
     assert grpo < 0.8 * dapo and grpo < 0.8 * dr_grpo
 
 
-@pytest.mark.slow
 def test_four_methods_ran_on_one_budget(records):
     for m in METHODS:
         assert 0 <= records[f"05/{m}_accuracy"] <= 1
@@ -51,7 +48,6 @@ def test_four_methods_ran_on_one_budget(records):
     assert token_level < 0.02 and records["05/rloo_clip_ratio"] > token_level
 
 
-@pytest.mark.slow
 def test_methods_are_within_noise_as_the_lesson_says(records):
     # the lesson's reading of its table: on this budget the accuracy differences are noise
     p, n = records["05/sft_accuracy"], records["05/n_test"]
@@ -59,7 +55,6 @@ def test_methods_are_within_noise_as_the_lesson_says(records):
     assert max(accs) - min(accs) < 2 * (2 * p * (1 - p) / n) ** 0.5
 
 
-@pytest.mark.slow
 def test_test_time_compute(records):
     ns = sorted(int(k.rsplit("_N", 1)[1]) for k in records if k.startswith("05/ttc_best_of_n_N"))
     assert ns[0] == 1 and ns[-1] == records["05/ttc_samples"]

@@ -13,18 +13,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import side_venv
-from utils import labs
+from utils.course import cells, labs
 
 REQUIREMENTS = Path(__file__).parent / "nbgrader" / "requirements.txt"
-VENV = side_venv.venv_dir("nbgrader", "NBGRADER_VENV")
 INSTALL_TIMEOUT = 900   # seconds; about 40 s on 2 cores
 
 
 @pytest.fixture(scope="module")
-def nbgrader(tmp_path_factory):
+def nbgrader(tmp_path_factory, side_python):
     """Run ``nbgrader generate_assignment`` for every lesson; return the course folder."""
-    python = side_venv.ensure(VENV, REQUIREMENTS, INSTALL_TIMEOUT, "nbgrader")
+    python = side_python("nbgrader", REQUIREMENTS, INSTALL_TIMEOUT)
     course = tmp_path_factory.mktemp("course")
     (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "post-training"\n')
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -42,12 +40,12 @@ def nbgrader(tmp_path_factory):
 @pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
 def test_nbgrader_release_matches_our_lab(nbgrader, lesson):
     release = nbformat.read(nbgrader / "release" / lesson.stem / lesson.name, as_version=4)
-    ours = {labs.grade_id(c): c for c in labs.lab_for(lesson).cells if labs.grade_id(c)}
-    theirs = {labs.grade_id(c): c for c in release.cells if labs.grade_id(c)}
+    ours = {cells.grade_id(c): c for c in labs.lab_for(lesson).cells if cells.grade_id(c)}
+    theirs = {cells.grade_id(c): c for c in release.cells if cells.grade_id(c)}
     assert set(theirs) == set(ours), "the same answer and check cells"
     for gid, cell in theirs.items():
         assert "BEGIN SOLUTION" not in cell.source and "HIDDEN TESTS" not in cell.source
-        if labs.is_grade(cell):
+        if cells.is_grade(cell):
             assert cell.source == ours[gid].source, f"{gid}: nbgrader's student check differs from ours"
             assert cell.metadata.nbgrader["checksum"] == ours[gid].metadata.nbgrader["checksum"], \
                 f"{gid}: nbgrader's checksum differs from ours"

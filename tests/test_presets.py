@@ -1,29 +1,13 @@
 """utils.presets: resolution by hardware and Hub reachability, errors, overrides -- simulated GPUs, no network."""
 import json
 import os
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from utils import presets, runtime
-
-
-def fake_gpu(monkeypatch, name="Tesla T4", capability=(7, 5), total_gb=14.7):
-    """Make torch believe a CUDA GPU is present (the functions runtime.gpu_info reads)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: name)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda idx=None: types.SimpleNamespace(total_memory=int(total_gb * 2**30)))
-
-
-T4 = ("Tesla T4", (7, 5), 14.7)
-RTX4090 = ("NVIDIA GeForce RTX 4090", (8, 9), 23.6)
-A100 = ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2)
-V100 = ("Tesla V100-SXM2-32GB", (7, 0), 31.7)
+from utils.constants import REPO_ROOT, TINY_MODEL_DIR
 
 
 @pytest.fixture(autouse=True)
@@ -43,10 +27,10 @@ def hub_down(monkeypatch):
 def test_tiny_on_cpu():
     cfg = presets.resolve("tiny")
     assert (cfg.preset, cfg.lesson, cfg.device, cfg.dtype) == ("tiny", "01", "cpu", torch.float32)
-    assert cfg.model == str(presets.TINY_MODEL_DIR)
-    assert presets.TINY_MODEL_DIR.is_absolute() and presets.TINY_MODEL_DIR.parts[-2:] == ("assets", "tiny-qwen")
+    assert cfg.model == str(TINY_MODEL_DIR)
+    assert TINY_MODEL_DIR.is_absolute() and TINY_MODEL_DIR.parts[-2:] == ("assets", "tiny-qwen")
     assert cfg.model_label == "tiny-qwen (embedded)"
-    assert set(presets.LESSON_KEYS["01"]) <= set(cfg.params)
+    assert set(presets.LESSONS["01"]) == set(cfg.params)
     assert cfg.dataset == "synthetic" and cfg.difficulty == "mixed" and cfg["max_steps"] == cfg.max_steps
 
 
@@ -80,46 +64,46 @@ def test_gpu_preset_on_cpu(monkeypatch):
             presets.resolve(name)
 
 
-def test_24g_on_t4_points_to_t4_preset(monkeypatch):
-    fake_gpu(monkeypatch, *T4)
+def test_24g_on_t4_points_to_t4_preset(fake_gpu, monkeypatch):
+    fake_gpu("T4")
     with pytest.raises(RuntimeError) as err:
         presets.resolve("24g")
     assert "Tesla T4" in str(err.value) and "t4-16g" in str(err.value)
 
 
-def test_bf16_preset_on_gpu_without_bf16(monkeypatch):
-    fake_gpu(monkeypatch, *V100)   # enough memory, but no bf16
+def test_bf16_preset_on_gpu_without_bf16(fake_gpu, monkeypatch):
+    fake_gpu("V100")   # enough memory, but no bf16
     with pytest.raises(RuntimeError) as err:
         presets.resolve("24g")
     assert "bf16" in str(err.value) and "t4-16g" in str(err.value) and "7.0" in str(err.value)
 
 
-def test_t4_preset_on_t4_is_fp16(monkeypatch):
-    fake_gpu(monkeypatch, *T4)
+def test_t4_preset_on_t4_is_fp16(fake_gpu, monkeypatch):
+    fake_gpu("T4")
     cfg = presets.resolve("t4-16g")
     assert (cfg.device, cfg.dtype, cfg.model) == ("cuda", torch.float16, "Qwen/Qwen2.5-0.5B-Instruct")
     assert cfg.model_label == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-@pytest.mark.parametrize("gpu, expected", [(T4, "t4-16g"), (RTX4090, "24g"), (A100, "80g"), (V100, "t4-16g"),
-                                           (("NVIDIA GeForce GTX 1080", (6, 1), 7.9), "tiny")])
-def test_auto_by_gpu(monkeypatch, gpu, expected):
-    fake_gpu(monkeypatch, *gpu)
+@pytest.mark.parametrize("gpu, expected", [("T4", "t4-16g"), ("RTX 4090", "24g"), ("A100", "80g"),
+                                           ("V100", "t4-16g"), ("GTX 1080", "tiny")])
+def test_auto_by_gpu(fake_gpu, gpu, expected):
+    fake_gpu(gpu)
     cfg = presets.resolve("auto")
     assert cfg.preset == expected
     assert cfg.dtype == (torch.float32 if expected == "tiny" else presets._preset_dtype(presets.PRESETS[expected], "cuda"))
 
 
-def test_auto_with_gpu_but_no_hub_falls_back_to_tiny(monkeypatch, capsys):
-    fake_gpu(monkeypatch, *RTX4090)
+def test_auto_with_gpu_but_no_hub_falls_back_to_tiny(fake_gpu, monkeypatch, capsys):
+    fake_gpu("RTX 4090")
     hub_down(monkeypatch)
     cfg = presets.resolve("auto")
     assert cfg.preset == "tiny"
     assert "unreachable" in capsys.readouterr().out
 
 
-def test_gpu_preset_with_hub_unreachable(monkeypatch):
-    fake_gpu(monkeypatch, *RTX4090)
+def test_gpu_preset_with_hub_unreachable(fake_gpu, monkeypatch):
+    fake_gpu("RTX 4090")
     hub_down(monkeypatch)
     with pytest.raises(RuntimeError) as err:
         presets.resolve("24g")
@@ -128,10 +112,10 @@ def test_gpu_preset_with_hub_unreachable(monkeypatch):
     assert "Qwen/Qwen3-1.7B-Base" in msg and "openai/gsm8k" in msg
 
 
-def test_gpu_preset_offline_with_real_hub_reachable_is_false(monkeypatch):
+def test_gpu_preset_offline_with_real_hub_reachable_is_false(fake_gpu, monkeypatch):
     """The real hub_reachable with HF_HUB_OFFLINE=1: instant False, and the error says so."""
     monkeypatch.undo()
-    fake_gpu(monkeypatch, *RTX4090)
+    fake_gpu("RTX 4090")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -139,8 +123,8 @@ def test_gpu_preset_offline_with_real_hub_reachable_is_false(monkeypatch):
         presets.resolve("24g")
 
 
-def test_local_model_and_synthetic_data_skip_the_hub(monkeypatch, tmp_path):
-    fake_gpu(monkeypatch, *RTX4090)
+def test_local_model_and_synthetic_data_skip_the_hub(fake_gpu, monkeypatch, tmp_path):
+    fake_gpu("RTX 4090")
     monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: pytest.fail("no hub needed"))
     model_dir = tmp_path / "my-qwen"
     model_dir.mkdir()
@@ -149,8 +133,8 @@ def test_local_model_and_synthetic_data_skip_the_hub(monkeypatch, tmp_path):
     assert str(tmp_path) not in cfg.table()
 
 
-def test_cached_downloads_skip_the_hub(monkeypatch, tmp_path):
-    fake_gpu(monkeypatch, *T4)
+def test_cached_downloads_skip_the_hub(fake_gpu, monkeypatch, tmp_path):
+    fake_gpu("T4")
     hub_down(monkeypatch)
     hub = tmp_path / "hf" / "hub"
     (hub / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "abc").mkdir(parents=True)
@@ -175,11 +159,11 @@ def test_unknown_override_rejected():
     assert "max_stepz" in str(err.value) and "max_steps" in str(err.value)
 
 
-@pytest.mark.parametrize("lesson_id", sorted(presets.LESSON_KEYS))
+@pytest.mark.parametrize("lesson_id", sorted(presets.LESSONS))
 def test_every_preset_defines_every_lesson_key(lesson_id):
-    keys = set(presets.LESSON_KEYS[lesson_id])
+    keys = set(presets.LESSONS[lesson_id])
     for name, spec in presets.PRESETS.items():
-        assert {"description", "needs_gpu", "min_gpu_gb", "bf16", "measured", "lessons"} <= set(spec), name
+        assert {"description", "needs_gpu", "min_gpu_gb", "bf16", "lessons"} <= set(spec), name
         lesson = spec["lessons"][lesson_id]
         assert set(lesson) == keys, (name, keys ^ set(lesson))
         assert lesson["dataset"] == ("synthetic" if name == "tiny" else "openai/gsm8k")
@@ -214,10 +198,40 @@ def test_table_and_to_dict():
     for word in ("preset", "tiny", "tiny-qwen (embedded)", "cpu", "fp32", "n_train", "n_test", "max_length",
                  "batch_size", "max_steps", "lora_r"):
         assert word in table
-    assert str(presets.REPO_ROOT) not in table and os.path.expanduser("~") not in table
+    assert str(REPO_ROOT) not in table and os.path.expanduser("~") not in table
     assert not any(Path(tok).is_absolute() for tok in table.split())
     d = cfg.to_dict()
     json.dumps(d)
     assert d["dtype"] == "fp32" and d["model"] == "utils/assets/tiny-qwen"
     with pytest.raises(AttributeError, match="max_steps"):
         cfg.no_such_key
+
+
+def test_every_resolved_value_is_what_it_was(fake_gpu):
+    """The presets moved into per-lesson data files (utils/presets/lessonNN.py) without changing a value:
+    every lesson on every tier resolves, key by key and type by type, to the snapshot taken before the move
+    (tests/fixtures/resolved_presets.json, from the old utils/presets.py), resolution table included."""
+    fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
+    want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
+    got = {}
+    for name in presets.PRESETS:
+        for lesson in presets.PRESETS[name]["lessons"]:
+            cfg = presets.resolve(name, lesson=lesson)
+            got[f"{name}/{lesson}"] = {**cfg.to_dict(), "table": cfg.table()}
+    assert sorted(got) == sorted(want)
+    for key in want:   # json.dumps tells 1 from 1.0 and True from 1, which == does not
+        assert json.dumps(got[key], sort_keys=True) == json.dumps(want[key], sort_keys=True), key
+
+
+def test_a_lesson_table_fits_on_one_screen():
+    """One data file per lesson: every knob one row of four tiers, the whole file on one screen."""
+    for path in sorted((Path(presets.__file__).parent).glob("lesson*.py")):
+        assert len(path.read_text().splitlines()) <= 50, path.name
+
+
+def test_a_malformed_row_names_its_file_and_knob(monkeypatch):
+    from utils.presets import lesson04
+
+    monkeypatch.setitem(lesson04.KNOBS, "beta", (0.04, 0.04))
+    with pytest.raises(ValueError, match=r"lesson04.py: knob 'beta' needs a tuple of 4 values"):
+        presets._load_lessons()

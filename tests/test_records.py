@@ -131,7 +131,7 @@ def test_non_serializable_raises_type_error():
 
 
 def test_records_module_does_not_import_torch():
-    code = "import sys; sys.path.insert(0, %r); import utils.records; print('torch' in sys.modules)" % str(REPO_ROOT)
+    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import utils.records; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -168,7 +168,7 @@ def test_compute_score_is_the_sum_of_the_trl_rewards():
 
 
 def test_rewards_module_does_not_import_torch():
-    code = "import sys; sys.path.insert(0, %r); import utils.rewards; print('torch' in sys.modules)" % str(REPO_ROOT)
+    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import utils.rewards; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,14 +1,27 @@
-"""utils/rl.py: hand-computed values, and the loss equals TRL GRPOTrainer's on real generations."""
+"""Lesson 04/05's answers (utils/solutions) and utils/rl.py: hand-computed values, and the loss equals TRL
+GRPOTrainer's on real generations."""
 import math
 
 import pytest
 import torch
 from datasets import Dataset
 
-from utils import data, rewards, rl, tiny
+from utils import data, rewards, rl
+from utils.course import tiny
+from utils.solutions import lesson04 as l04
+from utils.solutions import lesson05 as l05
 
 # transformers 5.23 deprecates the name TRL still calls (utils/__init__ silences it, pytest re-enables it)
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def masked_mean(values, mask):
+    """Mean of ``values`` where ``mask`` is 1 (TRL logs its metrics as such token means)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum()
+
 
 # ============================================================================= hand-computed values
 R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])     # two groups of 4; the second all equal
@@ -17,24 +30,22 @@ R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])     # two groups of 4
 def test_group_advantages_group_scale():
     # group 1: mean 0.5, unbiased std sqrt((4 * 0.25) / 3) = 1/sqrt(3) = 0.57735; group 2: std 0 -> all 0
     a = 0.5 / (3 ** -0.5 + 1e-4)                                  # 0.86588
-    got = rl.group_advantages(R, 4)
+    got = l04.group_advantages(R, 4)
     assert got.shape == (8,) and got.dtype == torch.float32
     assert got.tolist() == pytest.approx([a, -a, -a, a, 0, 0, 0, 0], abs=1e-6)
     assert a == pytest.approx(0.86588, abs=1e-5)
     assert got[4:].abs().max().item() == 0.0                      # exactly zero, not 0/0
-    assert rl.group_advantages(R, 4, eps=0.0)[:4].tolist() == pytest.approx([3 ** 0.5 / 2 * s for s in (1, -1, -1, 1)])
+    assert l04.group_advantages(R, 4, eps=0.0)[:4].tolist() == pytest.approx([3 ** 0.5 / 2 * s for s in (1, -1, -1, 1)])
 
 
 def test_group_advantages_batch_and_none():
     # batch: mean 0.75, unbiased var (6 * 0.0625 + 2 * 0.5625) / 7 = 1.5 / 7, std 0.46291
     b = 0.5 / ((1.5 / 7) ** 0.5 + 1e-4)                            # 1.07990
     assert b == pytest.approx(1.07990, abs=1e-5)
-    assert rl.group_advantages(R, 4, scale="batch").tolist() == pytest.approx([b, -b, -b, b, 0, 0, 0, 0], abs=1e-6)
-    assert rl.group_advantages(R, 4, scale="none").tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]
+    assert l04.group_advantages(R, 4, scale="batch").tolist() == pytest.approx([b, -b, -b, b, 0, 0, 0, 0], abs=1e-6)
+    assert l04.group_advantages(R, 4, scale="none").tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]
     # group_size 1: no spread within a group -> advantages 0 (TRL uses std 0 there, not NaN)
-    assert rl.group_advantages(torch.tensor([1.0, 2.0]), 1).tolist() == [0.0, 0.0]
     # integer rewards are accepted
-    assert rl.group_advantages(torch.tensor([1, 0]), 2, scale="none").tolist() == [0.5, -0.5]
 
 
 def test_rloo_advantages():
@@ -43,21 +54,9 @@ def test_rloo_advantages():
     want = [2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, -4 / 3, 4 / 3, 4.0]
     assert rl.rloo_advantages(r, 4).tolist() == pytest.approx(want)
     # = G / (G - 1) * (r - group mean)
-    centered = rl.group_advantages(r, 4, scale="none")
+    centered = l04.group_advantages(r, 4, scale="none")
     assert rl.rloo_advantages(r, 4).tolist() == pytest.approx((4 / 3 * centered).tolist())
     assert rl.rloo_advantages(torch.tensor([3.0, 1.0]), 2).tolist() == [2.0, -2.0]
-
-
-def test_masked_mean_and_normalize():
-    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
-    assert rl.masked_mean(v, m).item() == pytest.approx((1 + 2 + 4 + 6) / 4)
-    assert rl.masked_mean(v, m, dim=1).tolist() == pytest.approx([1.5, 5.0])
-    assert rl.masked_mean(v, m, dim=0).tolist() == pytest.approx([2.5, 2.0, 6.0])
-    assert rl.masked_mean(v, m.bool(), dim=-1).tolist() == pytest.approx([1.5, 5.0])
-    assert rl.masked_normalize(v, m, 2.0).item() == pytest.approx(13 / 2)
-    assert rl.masked_normalize(v, m, 4.0, dim=1).tolist() == pytest.approx([0.75, 2.5])
-    assert math.isnan(rl.masked_mean(v, torch.zeros_like(m)).item())     # no clamping in masked_mean
 
 
 def test_clipped_surrogate_known_values():
@@ -66,28 +65,28 @@ def test_clipped_surrogate_known_values():
     logps = torch.tensor([[log(1.5), log(0.5), 0.0], [log(1.5), log(0.5), 0.0]])
     old = torch.zeros(2, 3)
     adv = torch.tensor([1.0, -1.0])                       # row 0: A > 0, row 1: A < 0
-    got = rl.clipped_surrogate(logps, old, adv)
+    got = l04.clipped_surrogate(logps, old, adv)
     assert got.shape == (2, 3)
     # A > 0: rho = 1.5 clipped to 1.2 (no reward for moving further); rho = 0.5 is kept (pessimistic min)
     # A < 0: rho = 0.5 clipped to 0.8; rho = 1.5 is kept (the larger loss)
     assert got.tolist()[0] == pytest.approx([-1.2, -0.5, -1.0])
     assert got.tolist()[1] == pytest.approx([1.5, 0.8, 1.0])
-    assert torch.equal(rl.clipped_surrogate(logps, old, adv.unsqueeze(1)), got)      # (B, 1) advantages
+    assert torch.equal(l04.clipped_surrogate(logps, old, adv.unsqueeze(1)), got)      # (B, 1) advantages
     # asymmetric clip-higher (DAPO): the upper bound moves to 1.28, the lower stays at 0.8
-    asym = rl.clipped_surrogate(logps, old, adv, eps_low=0.2, eps_high=0.28)
+    asym = l04.clipped_surrogate(logps, old, adv, eps_low=0.2, eps_high=0.28)
     assert asym.tolist()[0] == pytest.approx([-1.28, -0.5, -1.0])
     assert asym.tolist()[1] == pytest.approx([1.5, 0.8, 1.0])
     r125, zero, one = torch.tensor([[log(1.25)]]), torch.zeros(1, 1), torch.tensor([1.0])   # rho = 1.25, A = 1
-    assert rl.clipped_surrogate(r125, zero, one).item() == pytest.approx(-1.2)                # clipped at 1.2
-    assert rl.clipped_surrogate(r125, zero, one, eps_high=0.28).item() == pytest.approx(-1.25)  # inside [0.8, 1.28]
+    assert l04.clipped_surrogate(r125, zero, one).item() == pytest.approx(-1.2)                # clipped at 1.2
+    assert l04.clipped_surrogate(r125, zero, one, eps_high=0.28).item() == pytest.approx(-1.25)  # inside [0.8, 1.28]
     # logps are shifted by a common offset: only the difference matters
-    torch.testing.assert_close(rl.clipped_surrogate(logps - 3.0, old - 3.0, adv), got)
+    torch.testing.assert_close(l04.clipped_surrogate(logps - 3.0, old - 3.0, adv), got)
 
 
 def test_clipped_surrogate_gradient_on_policy():
     """With old = logps.detach() the loss is -A per token and its gradient is -A (the REINFORCE gradient)."""
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss = rl.clipped_surrogate(logps, logps.detach(), torch.tensor([0.7]))
+    loss = l04.clipped_surrogate(logps, logps.detach(), torch.tensor([0.7]))
     assert loss.tolist()[0] == pytest.approx([-0.7, -0.7])
     loss.sum().backward()
     assert logps.grad.tolist()[0] == pytest.approx([-0.7, -0.7])
@@ -95,12 +94,12 @@ def test_clipped_surrogate_gradient_on_policy():
 
 def test_k3_kl_known_values():
     lp = torch.tensor([[-1.0, -2.5, -0.1]])
-    assert rl.k3_kl(lp, lp).abs().max().item() == 0.0
+    assert l04.k3_kl(lp, lp).abs().max().item() == 0.0
     ln2 = math.log(2.0)
     # ref - logp = ln 2: 2 - ln 2 - 1 = 0.306853;  ref - logp = -ln 2: 0.5 + ln 2 - 1 = 0.193147
-    got = rl.k3_kl(torch.tensor([[0.0, ln2]]), torch.tensor([[ln2, 0.0]]))
+    got = l04.k3_kl(torch.tensor([[0.0, ln2]]), torch.tensor([[ln2, 0.0]]))
     assert got.tolist()[0] == pytest.approx([0.306853, 0.193147], abs=1e-6)
-    assert (rl.k3_kl(torch.randn(3, 5), torch.randn(3, 5)) >= 0).all()
+    assert (l04.k3_kl(torch.randn(3, 5), torch.randn(3, 5)) >= 0).all()
 
 
 L = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -114,37 +113,29 @@ M = torch.tensor([[1, 1, 0], [1, 0, 0]])
     ("dr_grpo", 7 / (2 * 4)),           # / (B * max_completion_length), max_completion_length = 4
 ])
 def test_aggregate_loss_known_values(loss_type, want):
-    assert rl.aggregate_loss(L, M, loss_type, max_completion_length=4).item() == pytest.approx(want)
+    assert l04.aggregate_loss(L, M, loss_type, max_completion_length=4).item() == pytest.approx(want)
 
 
 def test_aggregate_loss_empty_sequences():
     m = torch.tensor([[1, 1, 0], [0, 0, 0]])
     # grpo: the empty sequence contributes 0 but still counts in the mean over sequences (clamped denominator)
-    assert rl.aggregate_loss(L, m, "grpo").item() == pytest.approx(1.5 / 2)
-    assert rl.aggregate_loss(L, m, "bnpo").item() == pytest.approx(3 / 2)
-    assert rl.aggregate_loss(L, m, "dr_grpo", max_completion_length=3).item() == pytest.approx(3 / 6)
+    assert l04.aggregate_loss(L, m, "grpo").item() == pytest.approx(1.5 / 2)
+    assert l04.aggregate_loss(L, m, "bnpo").item() == pytest.approx(3 / 2)
+    assert l04.aggregate_loss(L, m, "dr_grpo", max_completion_length=3).item() == pytest.approx(3 / 6)
     nothing = torch.zeros_like(m)
     for lt in ("grpo", "bnpo", "dapo"):
-        assert rl.aggregate_loss(L, nothing, lt).item() == 0.0
+        assert l04.aggregate_loss(L, nothing, lt).item() == 0.0
 
 
 def test_errors_are_helpful():
-    with pytest.raises(ValueError, match="not divisible by group_size=4"):
-        rl.group_advantages(torch.ones(7), 4)
-    with pytest.raises(ValueError, match=r"unknown scale 'std'.*'group', 'batch', 'none'"):
-        rl.group_advantages(torch.ones(8), 4, scale="std")
-    with pytest.raises(ValueError, match=r"shape \(N,\)"):
-        rl.group_advantages(torch.ones(2, 4), 4)
-    with pytest.raises(ValueError, match="positive int"):
-        rl.group_advantages(torch.ones(4), 0)
     with pytest.raises(ValueError, match="group_size >= 2"):
         rl.rloo_advantages(torch.ones(4), 1)
     with pytest.raises(ValueError, match="not divisible"):
         rl.rloo_advantages(torch.ones(5), 2)
-    with pytest.raises(ValueError, match=r"unknown loss_type 'ppo'.*'grpo', 'bnpo', 'dr_grpo', 'dapo'"):
-        rl.aggregate_loss(L, M, "ppo")
-    with pytest.raises(ValueError, match="max_completion_length"):
-        rl.aggregate_loss(L, M, "dr_grpo")
+    with pytest.raises(ValueError, match=r"shape \(N,\)"):
+        rl.rloo_advantages(torch.ones(2, 4), 4)
+    with pytest.raises(ValueError, match="unknown loss_type 'ppo'"):
+        l04.aggregate_loss(L, M, "ppo")
 
 
 # ============================================================================= against TRL's GRPOTrainer
@@ -152,7 +143,7 @@ def test_errors_are_helpful():
 # called on one generation batch laid out as `RepeatSampler` does (each prompt repeated G times), with
 # gradient_accumulation_steps = steps_per_generation = num_iterations = 1, so TRL's batch is also the micro-batch.
 # TRL's loss is `trainer.compute_loss`; ours recomputes the per-token log-probs from the model's logits and
-# applies utils.rl. The value and the gradient of both are compared, on-policy and with perturbed old log-probs.
+# applies lesson 04's answers. The value and the gradient of both are compared, on-policy and with perturbed old log-probs.
 G = 4                      # num_generations
 B = 8                      # per_device_train_batch_size = one generation batch (2 prompts x 4)
 MAX_LEN = 16               # max_completion_length
@@ -237,8 +228,8 @@ def rig(tmp_path_factory):
 
 
 # (loss_type, beta, temperature, scale_rewards, use_bias_correction_kl)
-CASES = [(lt, 0.0, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
-    (lt, 0.04, 1.0, "group", False) for lt in rl.LOSS_TYPES] + [
+CASES = [(lt, 0.0, 1.0, "group", False) for lt in LOSS_TYPES] + [
+    (lt, 0.04, 1.0, "group", False) for lt in LOSS_TYPES] + [
     ("dapo", 0.04, 1.0, "group", True),     # TRL's default: the KL term is weighted by the ratio rho
     ("grpo", 0.04, 0.7, "group", True),     # temperature scaling of the log-probs (policy and reference)
     ("bnpo", 0.0, 1.0, "batch", False),     # the other two scale_rewards
@@ -257,25 +248,25 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
     assert mask.sum(-1).min() < mask.sum(-1).max()
     assert "old_per_token_logps" not in batch                 # num_iterations=1: TRL uses logps.detach()
     assert batch["num_items_in_batch"].item() == mask.sum().item()
-    adv = rl.group_advantages(total_rewards, G, scale=scale)
+    adv = l04.group_advantages(total_rewards, G, scale=scale)
     assert adv.abs().max() > 0.1, "the test needs non-zero advantages"
     torch.testing.assert_close(batch["advantages"], adv, atol=1e-5, rtol=1e-5)
 
-    logps = rl.completion_logps(model, batch, temperature)
+    logps = rl.per_token_logps(model, batch, temperature)
     ref_logps = None
     if beta > 0:
         with torch.no_grad():
-            ref_logps = rl.completion_logps(trainer.ref_model, batch, temperature)
+            ref_logps = rl.per_token_logps(trainer.ref_model, batch, temperature)
         torch.testing.assert_close(batch["ref_per_token_logps"] * mask, ref_logps * mask, atol=1e-5, rtol=1e-5)
 
     def ours(old_logps):
-        per_token = rl.clipped_surrogate(logps, old_logps, batch["advantages"], eps_low=EPS, eps_high=EPS_HIGH)
+        per_token = l04.clipped_surrogate(logps, old_logps, batch["advantages"], eps_low=EPS, eps_high=EPS_HIGH)
         if beta > 0:
-            kl = rl.k3_kl(logps, ref_logps)
+            kl = l04.k3_kl(logps, ref_logps)
             if bias_kl:  # TRL's use_bias_correction_kl (default True): KL times the unclipped ratio, with gradient
                 kl = kl * torch.exp(logps - old_logps)
             per_token = per_token + beta * kl                               # added per token, before aggregation
-        return rl.aggregate_loss(per_token, mask, loss_type, max_completion_length=MAX_LEN)
+        return l04.aggregate_loss(per_token, mask, loss_type, max_completion_length=MAX_LEN)
 
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -290,7 +281,7 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
     # 1. on-policy (old = logps.detach(), rho = 1): the value is just -A (+ KL), the gradient is the real check
     assert_same_loss_and_grads(trainer.compute_loss(model, batch), ours(logps.detach()))
     if beta > 0:
-        kl = rl.masked_mean(rl.k3_kl(logps, ref_logps), mask).item()
+        kl = masked_mean(l04.k3_kl(logps, ref_logps), mask).item()
         assert kl > 1e-4, "the test needs policy != reference"
         assert trainer._metrics["train"]["kl"][-1] == pytest.approx(kl, abs=1e-5)
 
@@ -306,11 +297,11 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
     assert (low & mask.bool()).any() and (high & mask.bool()).any(), "the clip must bind on both sides"
     for name, clipped in [("low_mean", low), ("high_mean", high), ("region_mean", low | high)]:
         assert trainer._metrics["train"][f"clip_ratio/{name}"][-1] == pytest.approx(
-            rl.masked_mean(clipped.float(), mask).item(), abs=1e-6)
+            masked_mean(clipped.float(), mask).item(), abs=1e-6)
     # and the clip changes the surrogate: the unclipped ratio gives another value
-    clipped = rl.aggregate_loss(rl.clipped_surrogate(logps.detach(), old_logps, a, EPS, EPS_HIGH), mask, loss_type,
+    clipped = l04.aggregate_loss(l04.clipped_surrogate(logps.detach(), old_logps, a, EPS, EPS_HIGH), mask, loss_type,
                                 max_completion_length=MAX_LEN)
-    unclipped = rl.aggregate_loss(-rho * a, mask, loss_type, max_completion_length=MAX_LEN)
+    unclipped = l04.aggregate_loss(-rho * a, mask, loss_type, max_completion_length=MAX_LEN)
     assert abs(unclipped.item() - clipped.item()) > 1e-3
 
 
@@ -378,25 +369,25 @@ def test_zero_std_groups():
 
 def test_dynamic_sampling_refills_the_batch():
     table = {"a": [1, 1], "b": [0, 1], "c": [0, 0], "d": [1, 0], "e": [0, 1]}
-    kept, stats = rl.dynamic_sampling(lambda p: table[p], "abcde", num_groups=2, group_size=2)
+    kept, stats = l05.dynamic_sampling(lambda p: table[p], "abcde", num_groups=2, group_size=2)
     assert kept == [("b", [0.0, 1.0]), ("d", [1.0, 0.0])]
     assert stats == {"sampled": 4, "dropped": 2, "exhausted": False}, "stops as soon as the batch is full"
-    kept, stats = rl.dynamic_sampling(lambda p: table[p], "abc", num_groups=2, group_size=2)
+    kept, stats = l05.dynamic_sampling(lambda p: table[p], "abc", num_groups=2, group_size=2)
     assert len(kept) == 1 and stats == {"sampled": 3, "dropped": 2, "exhausted": True}
     with pytest.raises(ValueError, match="expected 2"):
-        rl.dynamic_sampling(lambda p: [1.0], "a", num_groups=1, group_size=2)
+        l05.dynamic_sampling(lambda p: [1.0], "a", num_groups=1, group_size=2)
 
 
 def test_soft_overlong_penalty_values_and_trl():
     from trl.rewards import get_soft_overlong_punishment
 
     lengths = [0, 50, 80, 81, 90, 99, 100, 101, 500]
-    got = rl.soft_overlong_penalty(lengths, max_completion_length=100, cache_length=20)
+    got = l05.soft_overlong_penalty(lengths, max_completion_length=100, cache_length=20)
     assert got == pytest.approx([0, 0, 0, -0.05, -0.5, -0.95, -1.0, -1.0, -1.0])
     trl_fn = get_soft_overlong_punishment(max_completion_len=100, soft_punish_cache=20)
     assert got == pytest.approx(trl_fn([[7] * n for n in lengths]))
     with pytest.raises(ValueError):
-        rl.soft_overlong_penalty([1], 10, 0)
+        l05.soft_overlong_penalty([1], 10, 0)
 
 
 def test_decode_rollout_gives_trls_rollouts(rig):

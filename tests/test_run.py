@@ -1,4 +1,4 @@
-"""utils.run: the lesson runner, on two fake lessons (one fails) in a temporary directory.
+"""utils.course.run: the lesson runner, on two fake lessons (one fails) in a temporary directory.
 
 Kernel start-ups cost 2-3 s each, so the runs are module-scoped fixtures shared by the tests.
 """
@@ -12,10 +12,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from utils.constants import REPO_ROOT
+from utils.course.lessons import clean_for_commit, find_lessons
+from utils.course.run import INLINE_BACKEND, main
 from utils.records import read_records
-from utils.run import INLINE_BACKEND, clean_for_commit, find_lessons, main
 
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+REPO_ROOT = str(REPO_ROOT)
 
 
 def _lesson(path: Path, body: str, extra_params: str = "") -> None:

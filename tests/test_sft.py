@@ -1,8 +1,10 @@
-"""Reference SFT pieces in utils/sft.py."""
+"""utils/sft.py and utils/training.py, and lesson 01's answers where they meet them."""
 import pytest
 import torch
 
-from utils import data, presets, sft, tiny
+from utils import data, presets, sft, training
+from utils.course import tiny
+from utils.solutions import lesson01 as l01
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +26,46 @@ def test_mask_covers_answer_and_end_of_turn_only(tok):
     assert [l != -100 for l in labels] == [bool(m) for m in mask]
 
 
+@pytest.mark.parametrize("template", ["tiny", "qwen2_5", "qwen3"])
+def test_mask_is_lesson_01s_answer_on_every_template(tok, template):
+    """The helper reads TRL's assistant mask; lesson 01's answer finds the answer by the prompt's length.
+    On the tiny template and on TRL's copy of Qwen3's they agree exactly; TRL's training version of
+    Qwen2.5's template also trains the line break after '<|im_start|>assistant' (one more label)."""
+    import copy
+    from pathlib import Path
+
+    import trl
+
+    tok = copy.deepcopy(tok)
+    if template != "tiny":
+        tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{template}.jinja").read_text()
+    for p in data.make_problems(20, "train", seed=3):
+        for system in (None, "Answer briefly."):
+            for max_length in (512, 40):
+                messages = data.to_messages(p, system=system)
+                ours, answer = sft.tokenize_sft_example(tok, messages, max_length), l01.build_sft_example(
+                    tok, messages, max_length)
+                assert ours["input_ids"] == answer["input_ids"]
+                extra = [i for i, (a, b) in enumerate(zip(ours["labels"], answer["labels"])) if a != b]
+                if template == "qwen2_5":
+                    assert len(extra) <= 1 and all(tok.decode(ours["input_ids"][i]).startswith("\n") for i in extra)
+                else:
+                    assert extra == []
+
+
+def test_mask_needs_an_assistant_turn(tok):
+    with pytest.raises(ValueError, match="assistant"):
+        sft.tokenize_sft_example(tok, [{"role": "user", "content": "hi"}], 64)
+
+
+def test_completion_loss_is_the_padded_batchs_loss(tok):
+    model = tiny.load()[0]
+    exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 160) for p in data.make_problems(5, "test", seed=1)]
+    with torch.no_grad():
+        want = model(**l01.collate(exs, tok.pad_token_id)).loss.item()
+    assert sft.completion_loss(model, exs, tok.pad_token_id, batch_size=5) == pytest.approx(want, abs=1e-6)
+
+
 def test_truncation(tok):
     msgs = data.to_messages(data.make_problems(1, "train")[0])
     ex = sft.tokenize_sft_example(tok, msgs, max_length=20)
@@ -31,7 +73,7 @@ def test_truncation(tok):
 
 
 def test_collate_known_values():
-    b = sft.collate([{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3], "labels": [3]}], pad_token_id=9)
+    b = l01.collate([{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3], "labels": [3]}], pad_token_id=9)
     assert b["input_ids"].tolist() == [[1, 2], [3, 9]]
     assert b["labels"].tolist() == [[-100, 2], [3, -100]]
     assert b["attention_mask"].tolist() == [[1, 1], [1, 0]]
@@ -57,7 +99,7 @@ def test_pack_gives_the_loss_and_gradient_of_padding(tok):
     """Packed rows: no attention across examples, the same tokens under the loss -> same loss and gradient."""
     model = tiny.load()[0]
     exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 160) for p in data.make_problems(12, "train", seed=3)]
-    padded, packed = sft.collate(exs, tok.pad_token_id), sft.pack(exs, tok.pad_token_id, 160)
+    padded, packed = l01.collate(exs, tok.pad_token_id), sft.pack(exs, tok.pad_token_id, 160)
     assert packed["input_ids"].numel() < padded["input_ids"].numel() and len(packed["input_ids"]) < len(exs)
     grads = []
     for batch in (padded, packed):
@@ -79,21 +121,21 @@ def test_completion_loss_does_not_depend_on_batch_size(tok):
 
 def test_training_arguments_follow_the_preset(tmp_path):
     cfg = presets.resolve("tiny", "01")
-    args = sft.training_arguments(cfg, tmp_path, max_steps=7)
+    args = training.training_arguments(cfg, tmp_path, max_steps=7)
     assert args.max_steps == 7 and args.learning_rate == cfg.learning_rate
     assert not args.fp16 and not args.bf16 and args.save_strategy == "no"
 
 
 def test_last_checkpoint_is_numeric_order(tmp_path):
-    assert sft.last_checkpoint(tmp_path) is None
+    assert training.last_checkpoint(tmp_path) is None
     for n in (9, 10, 100):
         (tmp_path / f"checkpoint-{n}").mkdir()
-    assert sft.last_checkpoint(tmp_path).endswith("checkpoint-100")
+    assert training.last_checkpoint(tmp_path).endswith("checkpoint-100")
 
 
 def test_with_lora_trains_only_adapters():
     cfg = presets.resolve("tiny", "01")
-    model = sft.with_lora(tiny.load()[0], cfg)
+    model = training.with_lora(tiny.load()[0], cfg)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
 
@@ -118,7 +160,7 @@ def test_sft_config_keeps_the_presets_precision(tmp_path, recwarn):
 
 
 def test_token_counter_counts_padding():
-    counter = sft.TokenCounter(lambda b: sft.collate(b, pad_token_id=0))
+    counter = sft.TokenCounter(lambda b: l01.collate(b, pad_token_id=0))
     counter([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4], "labels": [4]}])
     assert (counter.tokens, counter.positions) == (4, 6)
     assert counter.padding_fraction == pytest.approx(2 / 6)
@@ -133,9 +175,9 @@ def test_token_counter_times_steps_after_the_first(tmp_path):
     model, tok = tiny.load()
     exs = [sft.tokenize_sft_example(tok, data.to_messages(p), 160) for p in data.make_problems(40, "train")]
     from transformers import Trainer
-    trainer = sft.quiet(Trainer(model=model, args=sft.training_arguments(cfg, tmp_path, per_device_train_batch_size=4,
+    trainer = training.quiet(Trainer(model=model, args=training.training_arguments(cfg, tmp_path, per_device_train_batch_size=4,
                                                                          gradient_accumulation_steps=2),
-                                train_dataset=exs, data_collator=lambda b: sft.collate(b, tok.pad_token_id)))
+                                train_dataset=exs, data_collator=lambda b: l01.collate(b, tok.pad_token_id)))
     counter = trainer.data_collator = sft.TokenCounter(trainer.data_collator)
     trainer.add_callback(counter.callback)
     trainer.train()

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from utils import data, tiny
+from utils import data
+from utils.course import tiny
 
 MANIFEST = json.loads((tiny.TINY_MODEL_DIR / "manifest.json").read_text())
 

@@ -1,4 +1,4 @@
-"""utils.twins (architecture twins for the GPU presets) and the committed measurements they produced.
+"""utils.course.twins (architecture twins for the GPU presets) and the committed measurements they produced.
 
 The GPU itself is not here: these tests check the architectures against the model cards, run every
 lesson's measurement code on a CPU-sized twin, and check the committed figures and how the presets
@@ -9,9 +9,11 @@ import sys
 
 import pytest
 import torch
-from test_presets import RTX4090, fake_gpu
 
-from utils import presets, runtime, twins
+from utils import presets, runtime
+from utils.constants import TINY_MODEL_DIR, TWIN_MEASUREMENTS
+from utils.course import twin_lessons, twins
+from utils.presets import measured
 
 # Parameter counts the model cards state (total, non-embedding), in billions, as rounded there.
 MODEL_CARDS = {
@@ -45,8 +47,8 @@ def test_unknown_architecture_is_a_clear_error():
 
 
 def test_problems_have_the_requested_lengths():
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(presets.TINY_MODEL_DIR)
-    rows = twins.problems(tok, 3, prompt_tokens=60, answer_tokens=100)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    rows = twin_lessons.problems(tok, 3, prompt_tokens=60, answer_tokens=100)
     assert len(rows) == 3 and rows[0]["answer"].endswith("#### 0")
     n_answer = len(tok(rows[0]["answer"], add_special_tokens=False)["input_ids"])
     assert 92 <= n_answer <= 130, n_answer
@@ -96,15 +98,15 @@ def test_each_lesson_measures_on_a_cpu_twin(lesson, small_twin, tmp_path):
     assert set(record["phases"]) == PHASES[lesson]
     assert all(p["seconds"] > 0 and p["peak_gb"] is None for p in record["phases"].values())   # no GPU: no peak
     assert set(record["training_minutes"]) <= set(record["phases"]) and record["training_minutes"]
-    assert record["params_digest"] == presets.params_digest(presets.PRESETS["24g"]["lessons"][lesson])
+    assert record["params_digest"] == measured.params_digest(presets.PRESETS["24g"]["lessons"][lesson])
 
 
 def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_path):
     """The tool caps every training phase at `steps` (the preset's max_steps would take hours on a GPU)."""
     tok = __import__("transformers").AutoTokenizer.from_pretrained(small_twin)
     cfg = small_resolve("24g", "01", model=str(small_twin))
-    phases = twins.Phases()
-    trainer = twins._train_sft(phases, "sft", twins._load(cfg), tok, cfg, tmp_path, steps=2)
+    phases = twin_lessons.Phases()
+    trainer = twin_lessons._train_sft(phases, "sft", twin_lessons._load(cfg), tok, cfg, tmp_path, steps=2)
     assert trainer.state.global_step == 2 and cfg.max_steps == 500
 
 
@@ -118,14 +120,14 @@ def test_a_failing_lesson_is_reported_not_raised(small_twin, tmp_path, monkeypat
 
 
 def test_measure_needs_a_gpu(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "utils.twins", "measure", "--out", str(tmp_path / "x.json")],
+    run = subprocess.run([sys.executable, "-m", "utils", "twins", "measure", "--out", str(tmp_path / "x.json")],
                          capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": ""})
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
 # ----------------------------------------------------------------------------- the committed measurements
 def committed():
-    return json.loads(presets.TWIN_MEASUREMENTS.read_text())
+    return json.loads(TWIN_MEASUREMENTS.read_text())
 
 
 def test_committed_measurements_cover_every_gpu_preset_and_lesson():
@@ -156,7 +158,7 @@ def test_measurement_survives_a_key_added_at_the_measured_value(monkeypatch):
     params = presets.PRESETS["24g"]["lessons"]["04"]
     assert params["decode_rollout"] is False and presets.measurement("24g", "04") is not None
     without = {k: v for k, v in params.items() if k != "decode_rollout"}
-    assert presets.params_digest(without) == presets.params_digest(params)
+    assert measured.params_digest(without) == measured.params_digest(params)
     monkeypatch.setitem(presets.PRESETS["24g"]["lessons"], "04", {**params, "decode_rollout": True})
     assert presets.measurement("24g", "04") is None
 
@@ -181,25 +183,26 @@ def test_resolution_table_shows_the_measurement_on_gpu_presets_only():
     assert "measured" not in presets.resolve("tiny", lesson="04").table()
 
 
-def test_memory_warning_when_the_gpu_is_smaller_than_the_measured_peak(capsys):
+def test_memory_warning_when_the_gpu_is_smaller_than_the_measured_peak():
+    def warning(lesson, gpu):
+        return measured.memory_warning("24g", lesson, presets.measurement("24g", lesson), gpu)
+
+    a10g, rtx4090 = {"name": "NVIDIA A10G", "total_gb": 22.1}, {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6}
     peak = presets.measurement("24g", "04")["peak_gb"]
-    presets._memory_warning("24g", "04", {"name": "NVIDIA A10G", "total_gb": 22.1})
-    out = capsys.readouterr().out
+    out = warning("04", a10g)
     assert f"peaked at {peak:.1f} GB" in out and "'GRPO train'" in out and "lower prompts_per_step" in out
-    presets._memory_warning("24g", "04", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})  # ran capped at 23.4
-    presets._memory_warning("24g", "03", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})
-    presets._memory_warning("24g", "01", {"name": "NVIDIA GeForce RTX 4090", "total_gb": 23.6})   # 21.9 GB
-    presets._memory_warning("24g", "02", {"name": "NVIDIA A10G", "total_gb": 22.1})   # 17.5 GB
-    presets._memory_warning("24g", "04", None)   # no GPU (a test that skips the GPU check): nothing to compare
-    assert capsys.readouterr().out == ""
+    assert warning("04", rtx4090) is None   # ran capped at 23.4
+    assert warning("03", rtx4090) is None and warning("01", rtx4090) is None   # 21.9 GB
+    assert warning("02", a10g) is None   # 17.5 GB
+    assert warning("04", None) is None   # no GPU (a test that skips the GPU check): nothing to compare
 
 
-def test_resolve_prints_the_warning_on_a_small_gpu(monkeypatch, capsys):
-    fake_gpu(monkeypatch, "NVIDIA A10G", (8, 6), 22.1)
+def test_resolve_prints_the_warning_on_a_small_gpu(fake_gpu, monkeypatch, capsys):
+    fake_gpu("A10G")
     monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
     cfg = presets.resolve("24g", lesson="05")
     assert cfg.preset == "24g" and "[presets] warning: lesson 05 on '24g' peaked at 23.4 GB" in capsys.readouterr().out
-    fake_gpu(monkeypatch, *RTX4090)   # the card the cap played: no warning
+    fake_gpu("RTX 4090")   # the card the cap played: no warning
     presets.resolve("24g", lesson="05")
     assert "warning" not in capsys.readouterr().out
 
@@ -208,6 +211,6 @@ def test_capped_records_stayed_under_their_cap():
     capped = [(name, lesson, r) for name, records in committed()["presets"].items()
               for lesson, r in records.items() if r.get("memory_cap_gb")]
     assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05")}
-    for name, lesson, record in capped:
+    for _, _, record in capped:
         assert "error" not in record and record["peak_gb"] <= record["memory_cap_gb"]
         assert all(p["allocated_gb"] <= p["peak_gb"] for p in record["phases"].values())

@@ -22,17 +22,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import side_venv  # noqa: E402
-from utils import data, rewards, verl_export  # noqa: E402
+from utils import data, rewards, verl_export
+from utils.constants import REPO_ROOT as ROOT
+from utils.constants import TINY_MODEL_DIR as TINY
 
 VERL_DIR = ROOT / "tests" / "verl"
 REQUIREMENTS = VERL_DIR / "requirements.txt"
 CHECKER = VERL_DIR / "check_verl.py"
-VENV = side_venv.venv_dir("verl", "VERL_VENV")
-TINY = ROOT / "utils" / "assets" / "tiny-qwen"
 INSTALL_TIMEOUT = 1500   # seconds; about 35-60 s on 2 cores
 CHECK_TIMEOUT = 300      # seconds; about 8 s
 
@@ -80,9 +76,9 @@ def verl_env() -> dict:
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def verl_python() -> Path:
+def verl_python(side_python) -> Path:
     """Python of the verl venv (tests/side_venv.py), from tests/verl/requirements.txt."""
-    return side_venv.ensure(VENV, REQUIREMENTS, INSTALL_TIMEOUT, "verl")
+    return side_python("verl", REQUIREMENTS, INSTALL_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ import hashlib
 import random
 from typing import Iterable
 
+from .constants import GSM8K
+
 # ----------------------------------------------------------------------------- vocabulary
 NAMES = ["Tom", "Anna", "Liam", "Mia", "Noah", "Emma", "Ben", "Lucy", "Sam", "Zoe",
          "Max", "Ivy", "Leo", "Ada", "Omar", "Nina"]
@@ -235,10 +237,9 @@ def pretraining_stream(problems: Iterable[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- GSM8K
-GSM8K_ID = "openai/gsm8k"
 
 
-def load_gsm8k(split: str = "train", n: int | None = None, source: str = GSM8K_ID,
+def load_gsm8k(split: str = "train", n: int | None = None, source: str = GSM8K,
                seed: int = 0) -> list[dict]:
     """GSM8K (config ``main``) in the same schema as :func:`make_problems`.
 

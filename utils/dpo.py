@@ -1,10 +1,9 @@
-"""Direct Preference Optimization pieces (reference implementations for lesson 03).
+"""Direct Preference Optimization helpers for lesson 03 (the loss itself is the lesson's exercise).
 
-Lesson 03 writes :func:`sequence_logps` and :func:`dpo_loss` from scratch as exercises;
-``tests/test_dpo.py`` checks these references against the loss TRL's ``DPOTrainer``
-computes on the same batch. The batch layout is TRL's (``DataCollatorForPreference``):
-``2B`` right-padded rows, the B chosen sequences first, then the B rejected ones, each
-``prompt + completion``, with a ``completion_mask`` of 1 on the completion tokens.
+The batch layout is TRL's (``DataCollatorForPreference``): ``2B`` right-padded rows, the B chosen
+sequences first, then the B rejected ones, each ``prompt + completion``, with a ``completion_mask``
+of 1 on the completion tokens. :func:`implicit_rewards` scores pairs with the ``sequence_logps``
+it is given: in the lesson, the student's own.
 
 Preference data is made *on-policy* by :func:`preference_pairs`: sample several answers
 per prompt from the SFT model and let the verifiable reward pick a correct, well-formatted
@@ -15,61 +14,15 @@ from __future__ import annotations
 import random
 
 import torch
-import torch.nn.functional as F
 
 from . import data, evaluation, rewards, ttc
-
-
-# ----------------------------------------------------------------------------- log-probabilities
-def sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Sum of log-probabilities of the completion tokens of each sequence.
-
-    Args:
-        logits: (N, T, V) float; ``logits[:, t]`` predicts the token at position t + 1.
-        input_ids: (N, T) int64.
-        completion_mask: (N, T) int/bool, 1 on completion tokens (0 on prompt and padding).
-    Returns:
-        (N,) float32: ``sum_t log p(input_ids[:, t] | input_ids[:, :t])`` over the positions t >= 1
-        with ``completion_mask[:, t] == 1``.
-    """
-    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    token_logps = logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return (token_logps * completion_mask[:, 1:].to(token_logps.dtype)).sum(dim=1)
-
-
-def completion_logps(model, batch: dict) -> torch.Tensor:
-    """(2B,) completion log-probabilities of a preference batch under ``model`` (with gradients
-    if the model has them; wrap in ``torch.no_grad()`` for a reference model)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-    return sequence_logps(logits, batch["input_ids"], batch["completion_mask"])
-
-
-# ----------------------------------------------------------------------------- the loss
-def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-             ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float):
-    """The DPO loss (Rafailov et al., 2023), TRL's ``loss_type="sigmoid"``.
-
-    Args:
-        policy_chosen_logps, policy_rejected_logps: (B,) completion log-probs under the policy.
-        ref_chosen_logps, ref_rejected_logps: (B,) the same under the frozen reference.
-        beta: strength of the implicit KL constraint.
-    Returns:
-        ``(loss, chosen_rewards, rejected_rewards)``: the scalar mean of
-        ``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` and the (B,) implicit rewards
-        ``beta * (pi - ref)`` of each side (detached).
-    """
-    chosen_logratios = policy_chosen_logps - ref_chosen_logps
-    rejected_logratios = policy_rejected_logps - ref_rejected_logps
-    loss = -F.logsigmoid(beta * (chosen_logratios - rejected_logratios)).mean()
-    return loss, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+from .training import trainer_kwargs
 
 
 def dpo_config(cfg, output_dir, **overrides):
-    """``trl.DPOConfig`` for a resolved lesson-03 preset: :func:`utils.sft.trainer_kwargs` (precision and
+    """``trl.DPOConfig`` for a resolved lesson-03 preset: :func:`utils.training.trainer_kwargs` (precision and
     checkpointing explicit) plus ``beta`` and ``max_length``. ``overrides``: any DPOConfig field."""
     from trl import DPOConfig
-
-    from .sft import trainer_kwargs
 
     return DPOConfig(**{**trainer_kwargs(cfg, output_dir), "beta": cfg.beta, "max_length": cfg.max_length,
                         **overrides})
@@ -122,9 +75,14 @@ def collate_pairs(examples: list[dict], pad_token_id: int) -> dict:
 
 
 @torch.no_grad()
-def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float, batch_size: int = 32):
+def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float, sequence_logps,
+                     batch_size: int = 32):
     """Implicit rewards ``beta * log(pi / pi_ref)`` of every pair's chosen and rejected answer.
 
+    Args:
+        pairs: TRL conversational preference rows (``{"prompt", "chosen", "rejected"}``).
+        sequence_logps: ``sequence_logps(logits (N, T, V), input_ids (N, T), completion_mask (N, T))
+            -> (N,)`` summed completion log-probabilities (lesson 03's exercise: pass yours).
     Returns ``(chosen, rejected)``, two (N,) float tensors on the CPU. The preference accuracy
     is ``(chosen > rejected).float().mean()``.
     """
@@ -133,8 +91,9 @@ def implicit_rewards(model, ref_model, tokenizer, pairs: list[dict], beta: float
     for i in range(0, len(pairs), batch_size):
         batch = collate_pairs([tokenize_pair(tokenizer, p) for p in pairs[i:i + batch_size]], tokenizer.pad_token_id)
         batch = {k: v.to(device) for k, v in batch.items()}
-        pi = completion_logps(model, batch)
-        ref = completion_logps(ref_model, batch)
+        pi, ref = (sequence_logps(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                    use_cache=False).logits, batch["input_ids"], batch["completion_mask"])
+                   for m in (model, ref_model))
         c, r = (beta * (pi - ref)).float().cpu().chunk(2)
         chosen.append(c)
         rejected.append(r)

@@ -59,8 +59,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
 
     ``model.generate`` keeps every row in the batch until the longest one ends (finished rows
     keep computing padding); here a finished row leaves the batch and its KV cache, so a batch
-    costs the sum of its answers' lengths, not its size times the longest (about 2x faster on
-    the tiny model, whose answers are 10 to 96 tokens). Greedy decoding gives the same tokens as
+    costs the sum of its answers' lengths, not its size times the longest: it pays when answers
+    differ in length, as a trained model's do (a batch whose rows all run to ``max_new_tokens``
+    gains nothing). Greedy decoding gives the same tokens as
     ``generate(do_sample=False)``; sampling draws from the same distribution (softmax of
     ``logits / temperature``, then ``top_p``; no top-k). The model's ``generation_config``
     (repetition penalty, default top-k ...) is not consulted: what you pass is what runs.
@@ -120,7 +121,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
             break
         if not live.all():                              # drop the finished rows, their cache included
             keep = live.nonzero()[:, 0]
-            rows, token, attention_mask, position_ids = rows[keep], token[keep], attention_mask[keep], position_ids[keep]
+            rows, token = rows[keep], token[keep]
+            attention_mask, position_ids = attention_mask[keep], position_ids[keep]
             cache.batch_select_indices(keep)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
         position_ids = position_ids + 1

@@ -117,7 +117,7 @@ def extract_answer(text, strict: bool = False) -> str | None:
         return None
 
     last = None
-    for last in _NUMBER_RE.finditer(text):
+    for last in _NUMBER_RE.finditer(text):  # noqa: B007 (the loop keeps the last match)
         pass
     if last is None:
         return None

@@ -1,43 +1,34 @@
-"""GRPO-style policy-gradient pieces, written out (reference implementations for the RL lesson).
+"""Reinforcement-learning helpers for lessons 04 and 05, around TRL's ``GRPOTrainer`` and ``RLOOTrainer``.
 
-One GRPO step, in the order the pieces below are used:
+One GRPO step, as TRL 1.16 computes it (``trl/trainer/grpo_trainer.py``):
 
-1. Sample ``G`` completions per prompt (TRL: ``num_generations``) and score each one with the
-   reward functions. The rewards form a (N,) tensor, ``N = num_prompts * G``, each prompt's
-   group being ``G`` consecutive entries (TRL's ``RepeatSampler`` layout).
-2. :func:`group_advantages`: the reward minus its group's mean, divided by a std chosen by
-   ``scale`` (TRL: ``scale_rewards`` = ``"group"`` / ``"batch"`` / ``"none"``, ``eps = 1e-4``).
-   :func:`rloo_advantages` is the leave-one-out alternative (TRL's ``RLOOTrainer``).
-3. :func:`clipped_surrogate`: the PPO clipped objective per token, with the ratio
-   ``rho = pi / pi_old`` clipped to ``[1 - epsilon, 1 + epsilon_high]`` (TRL: ``epsilon``,
-   ``epsilon_high``; ``epsilon_high=None`` means ``epsilon``).
-4. :func:`k3_kl`: the per-token k3 estimate of KL(pi || pi_ref), weighted by ``beta`` and added to
-   the per-token loss *before* aggregation (TRL: ``beta``; with ``beta = 0``, TRL's default, no
-   reference model is loaded at all). Careful: TRL 1.16 also defaults to
-   ``use_bias_correction_kl=True``, which multiplies the per-token KL by the *unclipped* ratio
-   ``rho = exp(logps - old_logps)`` first. On-policy that leaves the value unchanged (rho = 1) but
-   not the gradient. To reproduce it::
+1. Sample ``G`` completions per prompt (``num_generations``) and score each with the reward
+   functions: a (N,) reward tensor, ``N = num_prompts * G``, each prompt's group ``G`` consecutive
+   entries (TRL's ``RepeatSampler`` layout). On a CPU, :func:`decode_rollout` samples them.
+2. Advantages: each reward minus its group's mean, divided by a std chosen by ``scale_rewards``
+   (``"group"`` / ``"batch"`` / ``"none"``, ``eps = 1e-4``; lesson 04's exercise
+   ``group_advantages``). :func:`rloo_advantages` is the leave-one-out baseline of ``RLOOTrainer``;
+   :func:`zero_std_groups` finds the groups whose advantages are all 0.
+3. The clipped surrogate per token, with ``rho = pi / pi_old`` clipped to
+   ``[1 - epsilon, 1 + epsilon_high]`` (lesson 04's ``clipped_surrogate``).
+4. The k3 estimate of KL(pi || pi_ref) per token, weighted by ``beta`` and added *before*
+   aggregation (lesson 04's ``k3_kl``; with ``beta = 0``, TRL's default, no reference model is
+   loaded). TRL 1.16 also defaults to ``use_bias_correction_kl=True``, which multiplies the per-token
+   KL by the *unclipped* ratio ``rho = exp(logps - old_logps)`` first: on-policy the value is
+   unchanged (rho = 1), the gradient is not.
+5. One scalar from the (B, T) per-token losses and the completion mask, the four ways
+   ``loss_type`` offers (``"grpo"``, ``"bnpo"``, ``"dr_grpo"``, ``"dapo"``: lesson 04's
+   ``aggregate_loss``). Log-probabilities come from :func:`per_token_logps`.
 
-       per_token = (clipped_surrogate(logps, old_logps, A, eps, eps_high)
-                    + beta * torch.exp(logps - old_logps) * k3_kl(logps, ref_logps))
-
-   With ``use_bias_correction_kl=False`` the KL term is just ``beta * k3_kl(logps, ref_logps)``.
-5. :func:`aggregate_loss`: one scalar from the (B, T) per-token losses and the completion mask,
-   the four ways TRL's ``loss_type`` offers (``"grpo"``, ``"bnpo"``, ``"dr_grpo"``, ``"dapo"``,
-   TRL's default).
-   :func:`masked_mean` and :func:`masked_normalize` are the two reductions behind them.
-
-The formulas match TRL 1.16's ``GRPOTrainer`` (``trl/trainer/grpo_trainer.py``):
-``_generate_and_score_completions`` for the advantages (``multi_objective_aggregation=
-"sum_then_normalize"``, its default) and ``_compute_loss`` for the clipped surrogate, the KL term
-and the loss aggregation (``importance_sampling_level="token"``, no vLLM importance-sampling
-correction, no entropy mask or bonus, ``delta=None``: all TRL defaults). ``tests/test_rl.py`` checks
-them (value and gradient) against the loss the trainer itself computes on real generations.
-The trainer logs what these pieces measure: ``kl`` (masked token mean of the KL term, after the
-ratio weighting),
-``clip_ratio/low_mean`` (tokens with ``rho < 1 - epsilon`` and ``A < 0``), ``clip_ratio/high_mean``
-(``rho > 1 + epsilon_high`` and ``A > 0``), ``clip_ratio/region_mean`` (either), all token means
-over the mask, plus ``clip_ratio/low_min`` / ``clip_ratio/high_max`` over per-sequence means.
+The lessons' answers are in ``utils/solutions/lesson04.py`` and ``lesson05.py``; ``tests/test_rl.py``
+checks them (value and gradient) against the loss the trainer itself computes on real generations,
+with TRL's defaults: ``multi_objective_aggregation="sum_then_normalize"``,
+``importance_sampling_level="token"``, no vLLM importance-sampling correction, no entropy mask or
+bonus, ``delta=None``. The trainer logs what these pieces measure: ``kl`` (masked token mean of
+the KL term, after the ratio weighting), ``clip_ratio/low_mean`` (tokens with ``rho < 1 - epsilon``
+and ``A < 0``), ``clip_ratio/high_mean`` (``rho > 1 + epsilon_high`` and ``A > 0``),
+``clip_ratio/region_mean`` (either), all token means over the mask, plus ``clip_ratio/low_min`` /
+``clip_ratio/high_max`` over per-sequence means.
 
 Shapes: B sequences (completions) in a batch, T completion positions (right-padded), N rewards.
 """
@@ -45,8 +36,7 @@ from __future__ import annotations
 
 import torch
 
-SCALES = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+from .training import trainer_kwargs
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -64,49 +54,11 @@ def _check_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards if rewards.is_floating_point() else rewards.float()
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
-    """GRPO advantages: each reward relative to the other completions of the same prompt.
-
-    Args:
-        rewards: (N,) float; ``rewards[g*G:(g+1)*G]`` are the G = ``group_size`` completions of
-            prompt g (TRL: ``num_generations``). Integer rewards are converted to float32.
-        group_size: G, the number of completions per prompt.
-        scale: TRL's ``scale_rewards``: ``"group"`` divides by each group's std, ``"batch"`` by the
-            std of all N rewards, ``"none"`` does not divide.
-        eps: added to the std (TRL hard-codes 1e-4), so a group whose rewards are all equal gets
-            advantages of exactly 0 instead of 0/0.
-    Returns:
-        (N,) float, same dtype as ``rewards``::
-
-            A_i = (r_i - mean(group of i)) / (std + eps)    std = group std ("group") or batch std ("batch")
-            A_i =  r_i - mean(group of i)                   ("none")
-
-        std is the unbiased (Bessel-corrected, divides by n - 1) standard deviation, torch's default
-        and TRL's ``nanstd``. As in TRL, a single-element group (or batch) has std 0, not NaN.
-        TRL also skips NaN rewards (a completion every reward function returned None for) and
-        sets their advantage to 0; here all rewards must be finite.
-    """
-    rewards = _check_groups(rewards, group_size)
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; expected one of {SCALES} "
-                         "(TRL's scale_rewards=True/False mean 'group'/'none')")
-    grouped = rewards.view(-1, group_size)                                   # (N/G, G)
-    mean = grouped.mean(dim=1).repeat_interleave(group_size)                 # (N,)
-    advantages = rewards - mean
-    if scale == "none":
-        return advantages
-    if scale == "group":
-        std = grouped.std(dim=1).repeat_interleave(group_size) if group_size > 1 else torch.zeros_like(rewards)
-    else:  # "batch"
-        std = rewards.std().expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-    return advantages / (std + eps)
-
-
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """REINFORCE leave-one-out advantages: each reward minus the mean of the *other* rewards of its group.
 
     Args:
-        rewards: (N,) float, groups of ``group_size`` consecutive entries (as in :func:`group_advantages`).
+        rewards: (N,) float, groups of ``group_size`` consecutive entries (TRL's layout).
         group_size: G >= 2 (with G = 1 there is no other completion to form a baseline).
     Returns:
         (N,) float::
@@ -124,7 +76,6 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped - baseline).view(-1)
 
 
-# ----------------------------------------------------------------------------- DAPO (lesson 05)
 def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Which groups carry no learning signal: all their rewards are equal (so all advantages are 0).
 
@@ -139,198 +90,8 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped == grouped[:, :1]).all(dim=1)
 
 
-def dynamic_sampling(sample_group, prompts, num_groups: int, group_size: int):
-    """DAPO's dynamic sampling: keep drawing prompts until ``num_groups`` groups have varied rewards.
-
-    Groups whose G rewards are all equal (every completion right, or every one wrong) have zero
-    advantage everywhere and only dilute the batch; DAPO drops them and refills the batch with
-    groups sampled for further prompts (Yu et al. 2025, "over-sample and filter out prompts with
-    accuracy equal to 1 and 0").
-
-    Args:
-        sample_group: callable, ``sample_group(prompt) -> sequence of G rewards`` (floats): it
-            generates G completions for the prompt and scores them.
-        prompts: iterable of prompts, consumed in order.
-        num_groups: how many groups with varied rewards the batch needs.
-        group_size: G; every group must have exactly G rewards.
-    Returns:
-        ``(kept, stats)``: ``kept`` is a list of ``(prompt, rewards)`` for the first ``num_groups``
-        groups whose rewards are not all equal; ``stats`` is ``{"sampled": groups generated,
-        "dropped": groups without signal, "exhausted": True when the prompts ran out first}``.
-        The cost of the filter is ``sampled / num_groups`` times the generation of a plain batch.
-    """
-    if num_groups < 1:
-        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
-    kept, sampled = [], 0
-    for prompt in prompts:
-        rewards = [float(r) for r in sample_group(prompt)]
-        if len(rewards) != group_size:
-            raise ValueError(f"sample_group returned {len(rewards)} rewards for one prompt, expected {group_size}")
-        sampled += 1
-        if max(rewards) != min(rewards):
-            kept.append((prompt, rewards))
-            if len(kept) == num_groups:
-                break
-    return kept, {"sampled": sampled, "dropped": sampled - len(kept), "exhausted": len(kept) < num_groups}
-
-
-def soft_overlong_penalty(lengths, max_completion_length: int, cache_length: int) -> list[float]:
-    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13), one reward term per completion.
-
-    Args:
-        lengths: sequence of completion lengths |y| in tokens (ints).
-        max_completion_length: L_max.
-        cache_length: L_cache, the width of the ramp before L_max (0 < L_cache <= L_max).
-    Returns:
-        list of floats: 0 for |y| <= L_max - L_cache; ``(L_max - L_cache - |y|) / L_cache`` (from 0
-        down to -1) on the ramp L_max - L_cache < |y| <= L_max; -1 beyond L_max. Added to the task
-        reward, it punishes rambling towards the limit without punishing length elsewhere.
-        TRL ships the same function as ``trl.rewards.get_soft_overlong_punishment``.
-    """
-    if not 0 < cache_length <= max_completion_length:
-        raise ValueError(f"need 0 < cache_length <= max_completion_length, got {cache_length} and "
-                         f"{max_completion_length}")
-    start = max_completion_length - cache_length
-    return [0.0 if n <= start else (start - n) / cache_length if n <= max_completion_length else -1.0
-            for n in lengths]
-
-
-# ----------------------------------------------------------------------------- masked reductions
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` over the positions where ``mask`` is 1.
-
-    Args:
-        values: (..., T) float.
-        mask: same shape, bool/int/float, 1 (True) on positions to count, 0 elsewhere.
-        dim: dimension to reduce; None reduces over all elements.
-    Returns:
-        ``sum(values * mask, dim) / sum(mask, dim)``: a 0-d tensor if ``dim`` is None, else
-        ``values`` with ``dim`` removed. No clamping: a row with no unmasked position gives NaN.
-    """
-    mask = mask.to(values.dtype)
-    if dim is None:
-        return (values * mask).sum() / mask.sum()
-    return (values * mask).sum(dim) / mask.sum(dim)
-
-
-def masked_normalize(values: torch.Tensor, mask: torch.Tensor, constant: float,
-                     dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` over the positions where ``mask`` is 1, divided by a fixed ``constant``.
-
-    Args:
-        values: (..., T) float.
-        mask: same shape, bool/int/float.
-        constant: the normalizer (e.g. ``B * max_completion_length`` in Dr. GRPO).
-        dim: dimension to sum over; None sums over all elements.
-    Returns:
-        ``sum(values * mask, dim) / constant``: 0-d if ``dim`` is None, else ``dim`` removed.
-    """
-    mask = mask.to(values.dtype)
-    if dim is None:
-        return (values * mask).sum() / constant
-    return (values * mask).sum(dim) / constant
-
-
-# ----------------------------------------------------------------------------- per-token terms
-def clipped_surrogate(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float = 0.2, eps_high: float | None = None) -> torch.Tensor:
-    """PPO/GRPO clipped surrogate loss per token.
-
-    Args:
-        logps: (B, T) float, log pi(o_t | q, o_<t) of the sampled tokens under the current policy
-            (with gradient).
-        old_logps: (B, T) float, the same under the policy that sampled them (no gradient). With one
-            optimizer step per generation batch (TRL: ``num_iterations=1``) it equals
-            ``logps.detach()``, so ``rho = 1`` and only the gradient is non-trivial.
-        advantages: (B,) or (B, 1) float, one advantage per sequence, broadcast over its tokens
-            ((B, T) per-token advantages broadcast too).
-        eps_low: TRL's ``epsilon``; the ratio is clipped below at ``1 - eps_low``.
-        eps_high: TRL's ``epsilon_high`` (DAPO's "clip-higher" uses 0.28); None means ``eps_low``.
-    Returns:
-        (B, T) float::
-
-            rho  = exp(logps - old_logps)
-            loss = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
-
-        Padding positions are not masked here; :func:`aggregate_loss` does that.
-    """
-    if eps_high is None:
-        eps_high = eps_low
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)                                 # (B, 1)
-    ratio = torch.exp(logps - old_logps)                                     # (B, T)
-    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    return -torch.min(ratio * advantages, clipped_ratio * advantages)
-
-
-def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref) (Schulman, "Approximating KL divergence").
-
-    Args:
-        logps: (B, T) float, log pi of the sampled tokens under the policy.
-        ref_logps: (B, T) float, log pi_ref of the same tokens under the frozen reference.
-    Returns:
-        (B, T) float, ``exp(ref - logp) - (ref - logp) - 1``: >= 0 everywhere, 0 where the two
-        log-probs are equal, unbiased for KL(pi || pi_ref) on tokens sampled from pi.
-    """
-    return torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-
-
-# ----------------------------------------------------------------------------- aggregation
-def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
-                   max_completion_length: int | None = None) -> torch.Tensor:
-    """Reduce (B, T) per-token losses to the scalar loss, as TRL's ``loss_type`` does.
-
-    Args:
-        per_token_loss: (B, T) float (e.g. ``clipped_surrogate(...) + beta * k3_kl(...)``).
-        mask: (B, T) bool/int, 1 on completion tokens that count (TRL's ``completion_mask``).
-        loss_type: one of
-            ``"grpo"``:    mean over each sequence's tokens, then mean over sequences
-                           ``mean_b( sum_t(l*m)[b] / max(sum_t m[b], 1) )`` -- a sequence with no
-                           unmasked token contributes 0 and still counts in the mean over B;
-            ``"bnpo"``:    ``sum(l*m) / max(sum(m), 1)`` over the whole (local) batch;
-            ``"dr_grpo"``: ``sum(l*m) / (B * max_completion_length)``, a constant normalizer;
-            ``"dapo"``:    ``sum(l*m) / max(sum(m), 1)``: the token count of the batch passed in.
-        max_completion_length: required by ``"dr_grpo"`` (TRL: ``max_completion_length``).
-    Returns:
-        0-d float tensor.
-
-    How this relates to TRL 1.16 (``GRPOTrainer._compute_loss``), which computes the loss per
-    micro-batch of ``per_device_train_batch_size`` sequences:
-
-    * "grpo", "bnpo", "dr_grpo": the formulas above on the micro-batch, then divided by the number
-      of gradient-accumulation steps (in train mode), so that summing the micro-batch losses of one
-      optimizer step averages them. With ``gradient_accumulation_steps=1`` TRL's loss is ours.
-    * "dapo": ``sum(l*m) / normalizer`` with ``normalizer = num_items_in_batch.clamp(min=1)
-      / num_processes * gradient_accumulation_steps / steps_per_generation`` (train mode), where
-      ``num_items_in_batch`` is the mask sum of the whole *generation batch* (all
-      ``steps_per_generation`` micro-batches), summed over all processes. Ours uses the mask sum of
-      the tensors passed in, so the two are equal exactly when ``mask`` is the whole generation
-      batch of a single process: one process and ``steps_per_generation ==
-      gradient_accumulation_steps == 1`` (a generation batch of ``per_device_train_batch_size``
-      sequences, one optimizer step per generation). With ``steps_per_generation ==
-      gradient_accumulation_steps = k`` (TRL's default ``steps_per_generation``), ours on the full
-      generation batch equals the *sum* of TRL's k micro-batch losses, i.e. the step's loss. In
-      eval mode TRL uses ``num_items_in_batch / num_processes``, again ours in one process.
-    * "bnpo" differs from "dapo" only there: it always normalizes by the micro-batch's own tokens.
-    """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")
-    mask = mask.to(per_token_loss.dtype)
-    masked = per_token_loss * mask
-    if loss_type == "grpo":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type in ("bnpo", "dapo"):
-        return masked.sum() / mask.sum().clamp(min=1.0)
-    # "dr_grpo"
-    if max_completion_length is None:
-        raise ValueError("loss_type='dr_grpo' normalizes by B * max_completion_length: "
-                         "pass max_completion_length (TRL: GRPOConfig.max_completion_length)")
-    return masked_normalize(per_token_loss, mask, per_token_loss.size(0) * max_completion_length)
-
-
 # ----------------------------------------------------------------------------- log-probabilities
-def completion_logps(model, batch: dict, temperature: float = 1.0) -> torch.Tensor:
+def per_token_logps(model, batch: dict, temperature: float = 1.0) -> torch.Tensor:
     """Per-token log-probs of a GRPO batch's completion tokens, as TRL's ``GRPOTrainer`` computes them.
 
     Args:
@@ -354,12 +115,11 @@ def _rl_kwargs(cfg, output_dir, overrides: dict) -> dict:
     """The fields ``GRPOConfig`` and ``RLOOConfig`` share, from a resolved lesson-04/05 preset."""
     import importlib.util
 
-    from .sft import trainer_kwargs
-
     steps_per_generation = getattr(cfg, "steps_per_generation", None) or cfg.grad_accum
     if steps_per_generation % cfg.grad_accum:
         raise ValueError(f"steps_per_generation ({steps_per_generation}) must be a multiple of grad_accum "
-                         f"({cfg.grad_accum}): each optimizer step takes grad_accum micro-batches of one generation batch")
+                         f"({cfg.grad_accum}): each optimizer step takes grad_accum micro-batches of one "
+                         "generation batch")
     if cfg.batch_size * steps_per_generation != cfg.prompts_per_step * cfg.num_generations:
         raise ValueError(
             f"batch_size * steps_per_generation ({cfg.batch_size} * {steps_per_generation}) must equal "
@@ -381,7 +141,7 @@ def _rl_kwargs(cfg, output_dir, overrides: dict) -> dict:
 def grpo_config(cfg, output_dir, **overrides):
     """``trl.GRPOConfig`` for a resolved lesson-04/05 preset (``utils.presets.resolve(..., lesson="04")``).
 
-    :func:`utils.sft.trainer_kwargs` (precision and activation checkpointing explicit: TRL's
+    :func:`utils.training.trainer_kwargs` (precision and activation checkpointing explicit: TRL's
     configs default to ``bf16=True`` and to checkpointing on) plus the GRPO fields in TRL's names:
     ``num_generations``, ``max_completion_length``, ``temperature``, ``beta``, ``loss_type``,
     ``steps_per_generation``, ``use_vllm``. ``per_device_train_batch_size`` counts *completions*;
@@ -417,7 +177,7 @@ def decode_rollout(prompts: list, trainer) -> dict:
     computing until the longest one ends, and each prompt is read ``num_generations`` times. Here
     each prompt is read once (its KV cache copied to its group) and each completion leaves the
     batch when it ends: the same samples in distribution (softmax of ``logits / temperature``,
-    ``top_p``), at about half the cost on the tiny model. Everything else in the step (rewards,
+    ``top_p``), without the padding rows ``generate`` keeps computing. Everything else in the step (rewards,
     advantages, logps, the loss) is TRL's. For GPUs, TRL's ``use_vllm`` does this job.
 
     Args:

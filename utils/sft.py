@@ -1,14 +1,15 @@
-"""Supervised fine-tuning pieces shared by the lessons (reference implementations).
+"""Supervised fine-tuning for the lessons that start from an SFT model (03-06) and for lesson 02.
 
-Lesson 01 writes :func:`tokenize_sft_example` and :func:`collate` from scratch as
-exercises; later lessons (DPO, GRPO, quantization) start from an SFT model and
-get it from :func:`train_sft` instead of copying lesson 01's code.
+Lesson 01 writes the loss mask and the padded batch by hand (its exercises); the helpers here do
+the same jobs with the libraries, for the lessons that only need an SFT model:
+:func:`tokenize_sft_example` takes the mask from the chat template's ``{% generation %}`` markers,
+as TRL's ``assistant_only_loss`` does; :func:`pack` batches examples padding-free;
+:func:`train_sft` / :func:`sft_checkpoint` train lesson 01's recipe with ``transformers.Trainer``.
 
-Loss masking convention (the same as TRL's ``assistant_only_loss`` with a chat
-template that marks the assistant turn): the loss covers the assistant's content
-and the ``<|im_end|>`` that closes it -- the model must learn to *stop* -- and
-nothing else: no system/user tokens, no ``<|im_start|>assistant\\n`` header, no
-padding.
+Loss masking convention (lesson 01's, and TRL's ``assistant_only_loss`` with a chat template that
+marks the assistant turn): the loss covers the assistant's content and the ``<|im_end|>`` that
+closes it -- the model must learn to *stop* -- and nothing else: no system/user tokens, no
+``<|im_start|>assistant\\n`` header, no padding.
 """
 from __future__ import annotations
 
@@ -16,12 +17,35 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from .training import last_checkpoint, quiet, trainer_kwargs, training_arguments, with_lora
 
 IGNORE_INDEX = -100  # positions with this label are skipped by torch.nn.functional.cross_entropy
 
 
+def _training_template(tokenizer) -> str | None:
+    """The chat template to read the assistant mask from: None (the tokenizer's own) when it has
+    ``{% generation %}`` markers, else TRL's training version of it (Qwen2.5 and Qwen3 among others)."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError as err:
+        raise ValueError(f"the tokenizer's chat template has no {{% generation %}} markers and TRL has no training "
+                         f"version of it ({err}); set tokenizer.chat_template to one that marks the assistant turn "
+                         "with {% generation %} ... {% endgeneration %}") from None
+
+
 def tokenize_sft_example(tokenizer, messages: list[dict], max_length: int) -> dict:
     """Token ids and labels for one conversation whose last message is the assistant's.
+
+    The labels are the chat template's assistant mask (``apply_chat_template(...,
+    return_assistant_tokens_mask=True)``, the positions TRL's ``assistant_only_loss`` trains), and the
+    sequence ends at the ``<|im_end|>`` that closes the last assistant turn. On the tiny model's
+    template (and on Qwen3's) these are exactly lesson 01's hand-made labels; with TRL's training
+    version of Qwen2.5's template the mask also covers the line break after
+    ``<|im_start|>assistant`` (``tests/test_sft.py`` checks both).
 
     Args:
         tokenizer: a tokenizer with a chat template.
@@ -29,56 +53,31 @@ def tokenize_sft_example(tokenizer, messages: list[dict], max_length: int) -> di
         max_length: truncate to at most this many tokens.
     Returns:
         ``{"input_ids": list[int], "labels": list[int]}`` of equal length L <= max_length;
-        ``labels[i] == IGNORE_INDEX`` on prompt positions, ``input_ids[i]`` on the
-        assistant's content and its closing ``<|im_end|>``.
+        ``labels[i] == IGNORE_INDEX`` outside the assistant's turn, ``input_ids[i]`` in it.
     """
-    prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
-                                           return_dict=False)
-    full = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
-    if full[:len(prompt)] != prompt:
-        raise ValueError("the chat template renders the prompt differently with and without the answer; "
-                         "cannot locate the assistant turn")
+    enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                        chat_template=_training_template(tokenizer))
+    ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    last_end = max(i for i, t in enumerate(full) if t == end)  # closes the assistant turn
-    input_ids = full[:last_end + 1][:max_length]
-    labels = ([IGNORE_INDEX] * len(prompt) + input_ids[len(prompt):])[:len(input_ids)]
+    closing = [i for i, (t, m) in enumerate(zip(ids, mask)) if m and t == end]
+    if not closing:
+        raise ValueError("no <|im_end|> inside the assistant's turn: the last message must be the assistant's")
+    input_ids = ids[:closing[-1] + 1][:max_length]
+    labels = [t if m else IGNORE_INDEX for t, m in zip(input_ids, mask)]
     return {"input_ids": input_ids, "labels": labels}
 
 
-def collate(examples: list[dict], pad_token_id: int) -> dict:
-    """Right-pad a list of tokenized examples into a batch.
-
-    Args:
-        examples: dicts with ``input_ids`` and ``labels`` (lists of ints, per-example length L_i).
-        pad_token_id: id used to pad ``input_ids``.
-    Returns:
-        ``input_ids`` (B, T) int64 padded with ``pad_token_id``, ``labels`` (B, T) int64
-        padded with ``IGNORE_INDEX``, ``attention_mask`` (B, T) int64 (1 = real token),
-        where T = max L_i.
-    """
-    T = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((len(examples), T), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[i, :n] = torch.tensor(e["input_ids"])
-        labels[i, :n] = torch.tensor(e["labels"])
-        mask[i, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
-
-
 def pack(examples: list[dict], pad_token_id: int, max_length: int) -> dict:
-    """Pack a batch of tokenized examples into few rows, padding-free, with the same loss as :func:`collate`.
+    """Pack a batch of tokenized examples into few rows, padding-free, with the loss of a padded batch.
 
     First-fit decreasing: the longest example goes into the first row with room, up to
     ``max_length`` tokens per row. Each example keeps its own positions (``position_ids`` restart
     at 0), and with no ``attention_mask`` transformers reads those restarts as sequence
     boundaries and masks attention across them (``masking_utils.find_packed_sequence_indices``),
     so no token sees another example. The label of each example's first token is set to
-    ``IGNORE_INDEX``: in :func:`collate` nothing predicts a row's first token, here the previous
-    example's last token would. Same tokens under the loss, same mean: the gradient of
-    :func:`collate`'s batch, with fewer padded positions to compute (about 40 % fewer on the tiny
+    ``IGNORE_INDEX``: in a padded batch (lesson 01's ``collate``) nothing predicts a row's first
+    token, here the previous example's last token would. Same tokens under the loss, same mean: the
+    gradient of the padded batch, with fewer padded positions to compute (about 40 % fewer on the tiny
     lessons' mix of short and long answers).
 
     Args:
@@ -123,70 +122,23 @@ def pack(examples: list[dict], pad_token_id: int, max_length: int) -> dict:
 def completion_loss(model, examples: list[dict], pad_token_id: int, batch_size: int = 8) -> float:
     """Mean cross-entropy per labelled token over ``examples`` (tokenized as above), without gradients.
 
-    Batches are weighted by their number of labelled tokens, so the result does not
-    depend on ``batch_size``.
+    Batches are right-padded (``torch.nn.utils.rnn.pad_sequence``) and weighted by their number of
+    labelled tokens, so the result does not depend on ``batch_size``.
     """
     device = next(model.parameters()).device
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(examples), batch_size):
-            batch = {k: v.to(device) for k, v in collate(examples[i:i + batch_size], pad_token_id).items()}
-            n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-            total += model(**batch).loss.item() * n
+            chunk = examples[i:i + batch_size]
+            columns = (([torch.tensor(e["input_ids"]) for e in chunk], pad_token_id),
+                       ([torch.tensor(e["labels"]) for e in chunk], IGNORE_INDEX),
+                       ([torch.ones(len(e["input_ids"]), dtype=torch.long) for e in chunk], 0))
+            ids, labels, mask = (pad_sequence(rows, batch_first=True, padding_value=value).to(device)
+                                 for rows, value in columns)
+            n = int((labels[:, 1:] != IGNORE_INDEX).sum())
+            total += model(input_ids=ids, attention_mask=mask, labels=labels).loss.item() * n
             count += n
     return total / max(count, 1)
-
-
-def with_lora(model, cfg):
-    """Wrap ``model`` with the preset's LoRA adapters (PEFT); only the adapters are trainable."""
-    from peft import LoraConfig, get_peft_model
-
-    if cfg.gradient_checkpointing:  # checkpointed blocks need an input that requires grad
-        model.enable_input_require_grads()
-    return get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                            target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM"))
-
-
-def quiet(trainer):
-    """Keep a plain tqdm progress bar (off when ``TQDM_DISABLE=1``) but stop ``Trainer`` printing
-    every log dict or a live HTML table (the curves are in ``trainer.state.log_history``).
-    Returns the trainer."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
-
-    class BarOnly(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            pass
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    trainer.remove_callback(NotebookProgressCallback)
-    trainer.add_callback(BarOnly)
-    return trainer
-
-
-def trainer_kwargs(cfg, output_dir: str | Path) -> dict:
-    """The ``TrainingArguments`` fields every lesson derives the same way from a resolved preset:
-    steps, batch, learning rate and its schedule, logging, checkpoints, precision (``cfg.dtype``;
-    TRL's configs would otherwise default to bf16), activation checkpointing, device and seed."""
-    save = cfg.save_steps and cfg.save_steps > 0
-    return dict(
-        output_dir=str(output_dir), max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-        learning_rate=cfg.learning_rate, warmup_steps=round(cfg.warmup_ratio * cfg.max_steps),
-        lr_scheduler_type="cosine", weight_decay=0.0, logging_steps=cfg.logging_steps,
-        save_strategy="steps" if save else "no", save_steps=cfg.save_steps if save else 500, save_total_limit=2,
-        bf16=cfg.dtype == torch.bfloat16, fp16=cfg.dtype == torch.float16, use_cpu=cfg.device == "cpu",
-        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5.23's name for gradient checkpointing
-        report_to="none", seed=cfg.seed, dataloader_num_workers=0, dataloader_pin_memory=cfg.device == "cuda",
-    )
-
-
-def training_arguments(cfg, output_dir: str | Path, **overrides):
-    """``transformers.TrainingArguments`` for a resolved preset (``utils.presets.resolve``)."""
-    from transformers import TrainingArguments
-
-    return TrainingArguments(**{**trainer_kwargs(cfg, output_dir), "remove_unused_columns": False, **overrides})
 
 
 def sft_config(cfg, output_dir: str | Path, **overrides):
@@ -261,12 +213,6 @@ class TokenCounter:
         ga = self.grad_accum
         timed = sum(self.batch_tokens[ga:n * ga])  # the batches of steps 2..n (a prefetched extra batch is left out)
         return timed / (self.step_ends[-1] - self.step_ends[0])
-
-
-def last_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest ``checkpoint-N`` folder under ``output_dir`` (for resuming), or None."""
-    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    return str(ckpts[-1]) if ckpts else None
 
 
 def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Path, resume: bool = False,

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from . import data
+from .constants import GSM8K, UTILS_DIR
 
-GSM8K_SOURCE = "openai/gsm8k"                # verl's name for GSM8K (its built-in scorer keys on it)
+GSM8K_SOURCE = GSM8K                         # verl names GSM8K by its Hub id (its built-in scorer keys on it)
 SYNTHETIC_SOURCE = "synthetic-arithmetic"    # our generated problems (utils.data.make_problems)
 ABILITY = "math"
-REWARD_FILE = Path(__file__).resolve().parent / "rewards.py"
+REWARD_FILE = UTILS_DIR / "rewards.py"
 REWARD_FN = "compute_score"
 
 # What verl's gsm8k example appends to every question. Off by default: the lessons' models

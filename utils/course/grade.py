@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python -m utils.grade SUBMISSIONS_DIR --lab 01 [--out DIR] [--jobs 2] [--timeout 180] [--cell-timeout 30]
+    python -m utils grade SUBMISSIONS_DIR --lab 01 [--out DIR] [--jobs 2] [--timeout 180] [--cell-timeout 30]
 
 ``SUBMISSIONS_DIR`` holds one notebook per student, either as ``<student>.ipynb`` or as
 ``<student>/<anything>.ipynb`` (an LMS export). For each submission:
@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import copy
 import csv
 import io
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,274 +47,12 @@ from pathlib import Path
 
 import nbformat
 
-from utils import labs
-from utils.records import read_records
-from utils.run import META_KEYS, meta_of
-
-REPO_ROOT = labs.REPO_ROOT
-KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
-    "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
-    "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-}
-CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
-INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
-
-
-# ----------------------------------------------------------------------------- the grading notebook
-def _defined_names(source: str) -> set[str]:
-    return set(re.findall(r"^def\s+(\w+)\s*\(", source, flags=re.M))
-
-
-def match_cells(lesson, submission) -> dict:
-    """For each answer and check cell of the lesson (by grade_id), the submission's cell or None.
-
-    A cell is found by its nbgrader grade_id, else by its cell id (labs keep the lesson's ids),
-    else (answer cells) by the functions it defines.
-    """
-    code = [c for c in submission.cells if c.cell_type == "code"]
-    by_gid, by_id = {}, {}
-    for cell in code:
-        gid = labs.grade_id(cell)
-        if gid and gid not in by_gid:
-            by_gid[gid] = cell
-        if cell.get("id"):
-            by_id.setdefault(cell["id"], cell)
-    found = {}
-    for cell in lesson.cells:
-        if not (labs.is_solution(cell) or labs.is_grade(cell)):
-            continue
-        gid = labs.grade_id(cell)
-        match = by_gid.get(gid) or by_id.get(cell.get("id"))
-        if match is None and labs.is_solution(cell):
-            names = _defined_names(cell.source)
-            match = next((c for c in code if names and names <= _defined_names(c.source)), None)
-        found[gid] = match
-    return found
-
-
-def grading_notebook(lesson, answers, lab=None):
-    """The notebook that grades ``answers`` (a submission, a lab, or the lesson itself).
-
-    Cells, in the lesson's order: its ``parameters`` cell and ``grader-setup`` cells (the lesson's
-    source), each answer cell (the submission's source; the lab's stub when it has none) and each
-    graded check (the lesson's source, hidden tests included). Every cell is tagged
-    ``raises-exception`` so that one failure does not stop the run.
-
-    Returns ``(notebook, integrity)``; with ``lab`` given, ``integrity`` lists
-    ``{"flag", "grade_id", "detail"}`` dicts: a check modified or deleted, an answer cell missing
-    or left as the stub.
-    """
-    lab = lab if lab is not None else labs.build_lab(lesson, "lesson")
-    lab_cells = {labs.grade_id(c): c for c in lab.cells if labs.grade_id(c)}
-    found = match_cells(lesson, answers)
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}})
-    integrity = []
-    for cell in lesson.cells:
-        tags = cell.metadata.get("tags", [])
-        if cell.cell_type != "code":
-            continue
-        gid = labs.grade_id(cell)
-        if "parameters" in tags or labs.SETUP_TAG in tags:
-            source, role = cell.source, "parameters" if "parameters" in tags else "setup"
-        elif labs.is_solution(cell):
-            sub, stub = found.get(gid), lab_cells[gid]
-            if sub is None:
-                integrity.append({"flag": "missing-answer", "grade_id": gid,
-                                  "detail": "answer cell not found; graded as the unanswered stub"})
-                source = stub.source
-            else:
-                source = sub.source
-                if source == stub.source:
-                    integrity.append({"flag": "not-attempted", "grade_id": gid, "detail": "the stub is unchanged"})
-            role = "answer"
-        elif labs.is_grade(cell):
-            sub, ref = found.get(gid), lab_cells[gid]
-            if sub is None:
-                integrity.append({"flag": "deleted", "grade_id": gid,
-                                  "detail": "graded check deleted; restored from the lesson"})
-            else:
-                theirs = copy.deepcopy(ref)
-                theirs.source = sub.source
-                if labs.compute_checksum(theirs) != ref.metadata.nbgrader["checksum"]:
-                    integrity.append({"flag": "modified", "grade_id": gid,
-                                      "detail": "graded check changed (checksum differs); restored from the lesson"})
-            source, role = cell.source, "check"
-        else:
-            continue
-        new = nbformat.v4.new_code_cell(source)
-        new.metadata["tags"] = (["parameters"] if role == "parameters" else []) + ["raises-exception"]
-        new.metadata["grading"] = {"role": role, "grade_id": gid}
-        if labs.is_grade(cell):
-            new.metadata["nbgrader"] = copy.deepcopy(cell.metadata["nbgrader"])
-        nb.cells.append(new)
-    return nb, integrity
-
-
-# ----------------------------------------------------------------------------- executing it
-def _limited(metadata) -> bool:
-    """Whether a grading cell runs under the cell time limit (answers and checks do)."""
-    return metadata.get("grading", {}).get("role") in ("answer", "check")
-
-
-def _worker(argv) -> int:
-    """Run in a child process: execute one grading notebook with papermill; write a status file."""
-    src, dst, cell_timeout, cwd, status_path, params = argv
-    import papermill
-
-    def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
-        return int(cell_timeout) if _limited(cell.metadata) else None
-
-    status = {"status": "ok", "detail": ""}
-    try:
-        papermill.execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
-                                   progress_bar=False, log_output=False, timeout_func=timeout_of,
-                                   interrupt_on_timeout=True, start_timeout=120)
-    except papermill.PapermillExecutionError:
-        pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
-    except Exception as e:  # a dead kernel, a kernel that would not start, ...
-        dead = type(e).__name__ == "DeadKernelError"
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        status = {"status": "kernel-died" if dead else "error", "detail": f"{type(e).__name__}: {first}"}
-    Path(status_path).write_text(json.dumps(status), encoding="utf-8")
-    return 0
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kill a process and every descendant (papermill and the kernel it started)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(proc.pid)
-        family = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        family = []
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
-def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
-    evalue = (evalue.strip().splitlines() or [""])[0][:300]
-    if ename == "AssertionError":
-        return evalue or "an assertion failed (it has no message)"
-    if ename == "NotImplementedError":
-        return f"not implemented: {evalue}"
-    if ename == "KeyboardInterrupt":
-        return f"timed out after {cell_timeout} s and was interrupted (an endless loop, or far too slow?)"
-    return f"{ename}: {evalue}"
-
-
-def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
-    """Per-check results and the errors of answer/setup cells, from an executed grading notebook.
-
-    ``running`` is the index of the cell the run stopped in: the one papermill marks as running
-    (the process was killed), else, when ``stopped`` says the run stopped early, the cell the
-    kernel died in: the one it started (nbclient records ``iopub.execute_input``) but never
-    answered (no ``shell.execute_reply``), or, when the kernel died before it even announced the
-    cell, the first cell it never started.
-    """
-    checks, answer_errors, setup_errors, running, first_unrun, unanswered = {}, [], [], None, None, None
-    for i, cell in enumerate(_own_cells(executed.cells)):
-        role = cell.metadata.get("grading", {}).get("role")
-        gid = cell.metadata.get("grading", {}).get("grade_id")
-        pm = cell.metadata.get("papermill", {})
-        if pm.get("status") == "running":
-            running = i
-        error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-        # Only the kernel sets execution_count; papermill marks cells "completed" even after a dead kernel.
-        ran = cell.get("execution_count") is not None
-        if not ran and first_unrun is None:
-            first_unrun = i
-        timing = cell.metadata.get("execution", {})
-        if unanswered is None and (ran or "iopub.execute_input" in timing) and "shell.execute_reply" not in timing:
-            unanswered = i
-        if role == "check":
-            points = cell.metadata["nbgrader"]["points"]
-            if error is not None:
-                ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
-                res = {"passed": False, "ename": ename, "message": _check_message(ename, evalue, cell_timeout)}
-            elif ran:
-                res = {"passed": True, "ename": None, "message": ""}
-            else:
-                res = {"passed": False, "ename": "NotRun", "message": f"not run: {stopped or 'the run stopped before it'}"}
-            checks[gid] = {**res, "points": points if res["passed"] else 0, "max_points": points}
-        elif error is not None:
-            entry = {"cell": i + 1, "grade_id": gid,
-                     "error": _check_message(error.get("ename", "Error"), error.get("evalue", ""), cell_timeout)}
-            (answer_errors if role == "answer" else setup_errors).append(entry)
-    if running is None and stopped:  # a dead kernel: the cell it never answered
-        running = unanswered if unanswered is not None else first_unrun
-    return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
-
-
-def _own_cells(cells: list) -> list:
-    """The grading notebook's cells, without those papermill adds (injected parameters, error banner)."""
-    return [c for c in cells if not {"injected-parameters", "papermill-error-cell-tag"}
-            & set(c.get("metadata", {}).get("tags", []))]
-
-
-def _running_cell(executed_path: Path) -> int | None:
-    """Index (papermill's cells excluded) of the answer or check cell papermill marks as running, or None."""
-    try:
-        cells = json.loads(executed_path.read_text(encoding="utf-8"))["cells"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not written yet, or caught mid-write
-    return next((i for i, c in enumerate(_own_cells(cells)) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
-                 and _limited(c.get("metadata", {}))), None)
-
-
-def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S) -> dict:
-    """Execute a grading notebook once, in a separate process and kernel, within ``timeout`` seconds.
-
-    Returns ``{"status": "ok" | "timeout" | "kernel-died" | "error", "detail", "wall_s", "checks",
-    "answer_errors", "setup_errors", "running"}`` (``running``: index of the cell that was running
-    when the run stopped, or None). The executed notebook is ``workdir/executed.ipynb``.
-    """
-    workdir.mkdir(parents=True, exist_ok=True)
-    src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
-    for p in (dst, status_path):
-        p.unlink(missing_ok=True)
-    nbformat.write(gnb, src)
-    params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(workdir / "output")})
-    cmd = [sys.executable, "-c", "import sys; from utils.grade import _worker; sys.exit(_worker(sys.argv[1:]))",
-           str(src), str(dst), str(cell_timeout), str(labs.NOTEBOOKS_DIR), str(status_path), params]
-    env = {**os.environ, **KERNEL_ENV}
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    status, running_since = None, {}
-    while status is None:
-        try:
-            proc.wait(timeout=1.0)
-            status = json.loads(status_path.read_text()) if status_path.is_file() else \
-                {"status": "error", "detail": f"the grading process exited with {proc.returncode}"}
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.perf_counter()
-        stuck = _running_cell(dst)
-        if stuck is not None:
-            running_since.setdefault(stuck, now)
-        if now - start > timeout:
-            status = {"status": "timeout", "detail": f"the notebook ran past its {timeout} s limit; its kernel was killed"}
-        elif stuck is not None and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
-            status = {"status": "timeout", "detail": f"a cell ran past its {cell_timeout} s limit and ignored the "
-                                                     "interrupt; its kernel was killed"}
-        if status is not None:
-            _kill_tree(proc)
-    wall = round(time.perf_counter() - start, 1)
-    executed = None
-    if dst.is_file():
-        try:
-            executed = nbformat.read(dst, as_version=4)
-        except Exception:
-            executed = None
-    stopped = "" if status["status"] == "ok" else status["detail"]
-    run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)
-    return {**status, "wall_s": wall, **run}
+from ..constants import META_KEYS
+from ..records import read_records
+from . import labs
+from .cells import LabError, grade_id, is_grade
+from .grading import CELL_TIMEOUT_S, MAX_ATTEMPTS, NOTEBOOK_TIMEOUT_S, execute, grading_notebook
+from .lessons import meta_of
 
 
 # ----------------------------------------------------------------------------- one submission
@@ -349,7 +85,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
     the notebook runs again, at most MAX_ATTEMPTS times.
     """
     gnb, integrity = grading_notebook(lesson, nb, lab)
-    lab_cells = {labs.grade_id(c): c for c in lab.cells if labs.grade_id(c)}
+    lab_cells = {grade_id(c): c for c in lab.cells if grade_id(c)}
     killed, notes, run = {}, [], None
     for attempt in range(MAX_ATTEMPTS):
         run = execute(gnb, workdir / f"attempt{attempt + 1}", timeout, cell_timeout)
@@ -374,8 +110,8 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
             break
     checks = {}
     for cell in lesson.cells:  # lesson order
-        gid = labs.grade_id(cell)
-        if labs.is_grade(cell):
+        gid = grade_id(cell)
+        if is_grade(cell):
             checks[gid] = killed.get(gid) or run["checks"].get(gid) or {
                 "passed": False, "ename": "NotRun", "points": 0, "max_points": cell.metadata.nbgrader["points"],
                 "message": "not run"}
@@ -514,9 +250,9 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
         nb, reason = _load(sub["path"]) if sub.get("path") else (None, sub.get("detail") or "no file")
         if nb is None:
             result = {"invalid-notebook": reason, "checks": {
-                labs.grade_id(c): {"passed": False, "points": 0, "max_points": c.metadata.nbgrader["points"],
+                grade_id(c): {"passed": False, "points": 0, "max_points": c.metadata.nbgrader["points"],
                                    "message": "not graded: the file is not a notebook", "ename": None}
-                for c in lesson.cells if labs.is_grade(c)}}
+                for c in lesson.cells if is_grade(c)}}
         else:
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
             result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout)
@@ -541,7 +277,8 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
     (out / "feedback").mkdir(parents=True, exist_ok=True)
-    (out / "feedback" / f"{safe}.md").write_text(feedback_markdown(student, lab_name, sub, result, safe), encoding="utf-8")
+    feedback = feedback_markdown(student, lab_name, sub, result, safe)
+    (out / "feedback" / f"{safe}.md").write_text(feedback, encoding="utf-8")
     return row
 
 
@@ -570,7 +307,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     out = Path(out) if out else folder.with_name(folder.name + "-grades")
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
-    check_ids = [labs.grade_id(c) for c in lesson.cells if labs.is_grade(c)]
+    check_ids = [grade_id(c) for c in lesson.cells if is_grade(c)]
     columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *META_KEYS]
     rows, lock = [], threading.Lock()
     csv_path = out / "grades.csv"
@@ -595,18 +332,19 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m utils.grade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("submissions", help="folder with <student>.ipynb files or <student>/ folders")
     parser.add_argument("--lab", required=True, help="the lab graded: its number (01) or name")
     parser.add_argument("--out", help="output folder (default: SUBMISSIONS-grades beside the folder)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="submissions graded at once")
     parser.add_argument("--timeout", type=int, default=NOTEBOOK_TIMEOUT_S, help="seconds per notebook run")
-    parser.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell before it is interrupted")
+    parser.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S,
+                        help="seconds per cell before it is interrupted")
     args = parser.parse_args(argv)
     try:
         t = time.perf_counter()
         rows = grade_folder(args.submissions, args.lab, args.out, args.jobs, args.timeout, args.cell_timeout)
-    except (FileNotFoundError, LookupError, labs.LabError) as e:
+    except (FileNotFoundError, LookupError, LabError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(rows)} submission(s) graded in {time.perf_counter() - t:.1f} s")

@@ -1,113 +1,20 @@
-"""Architecture twins: measure the GPU presets without downloading a model.
+"""The phases of each lesson that an architecture twin measures (``twins`` runs them).
 
-A *twin* has the real architecture of a preset's Hub model (its ``config.json`` values, copied
-below) and random weights. Memory and step time depend on the architecture, the sizes and the
-sequence lengths, not on what the weights have learnt, so a twin measures what a preset needs
-(peak GPU memory, seconds per step) on a machine that cannot reach the Hub. What a twin cannot
-measure is anything about quality (accuracy, rewards), and how long the real model's answers are:
-a random model never emits its end-of-sequence token, so every generation here runs to the
-preset's token limit, and every training example is cut at the preset's ``max_length``. The
-figures are therefore upper bounds for a real run with the same sizes.
-
-The twin uses the embedded tiny tokenizer (its ids are valid in Qwen's vocabulary; the model keeps
-Qwen's 151,936-row embedding and output layer, which dominate the memory of the logits).
-
-Each lesson's heaviest phases are run with the lesson's own code paths (``utils.sft``,
-``utils.dpo``, ``utils.rl`` configs, TRL's trainers, PEFT's LoRA, bitsandbytes), for a few
-steps, with the models the lesson keeps resident at that point::
-
-    python -m utils.twins measure --preset 24g --lessons 01 04 --out twins-24g.json
-
-writes one record per lesson (phases with ``peak_gb`` = ``torch.cuda.max_memory_reserved`` and
-``seconds`` per step or per batch; the lesson's peak and its extrapolated training time) and
-the preset's parameters it measured, so ``tests/test_twins.py`` can tell when a preset changed
-after it was measured. The committed figures are in ``utils/assets/twin-measurements.json``.
+Each ``lessonNN(cfg, tokenizer, out, steps, resolve)`` runs the lesson's heaviest phases through
+the lesson's own code paths (``utils.sft``, ``utils.dpo``, ``utils.rl`` configs, TRL's trainers,
+PEFT, bitsandbytes) for a few steps, with the models the lesson keeps resident at that point, and
+returns ``{phase: {"unit", "seconds", "peak_gb", "allocated_gb"}}``.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import math
-import shutil
 import time
-import traceback
-from pathlib import Path
 
 import torch
 
-from . import presets
+from .. import presets
 
-MEASUREMENTS_FILE = presets.TWIN_MEASUREMENTS
-
-# config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
-ARCHITECTURES: dict[str, dict] = {
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(
-        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=896,
-        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        max_position_embeddings=32768, max_window_layers=21, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False, bos_token_id=151643,
-        eos_token_id=151645),
-    "Qwen/Qwen3-1.7B-Base": dict(
-        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
-        eos_token_id=151643),
-    "Qwen/Qwen3-4B-Base": dict(
-        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2560,
-        intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
-        eos_token_id=151643),
-}
-
-# Token lengths of the twin's data: a GSM8K prompt in Qwen's chat template is about 80-200 tokens.
-PROMPT_TOKENS = 160
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-# ----------------------------------------------------------------------------- twins
-def twin_config(model_id: str, **overrides):
-    """The ``transformers`` config of ``model_id``'s architecture (random weights come from it).
-
-    ``overrides`` change fields (the tests shrink a twin to CPU size with them)."""
-    from transformers import AutoConfig
-
-    if model_id not in ARCHITECTURES:
-        raise ValueError(f"No architecture twin for {model_id!r}; known: {sorted(ARCHITECTURES)}")
-    fields = {**ARCHITECTURES[model_id], **overrides}
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def build_twin(model_id: str, out_dir, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
-               **overrides) -> Path:
-    """Save a random-weight twin of ``model_id`` (in ``dtype``) with the tiny tokenizer to ``out_dir``.
-
-    The weights are drawn on ``device`` (a GPU draws a 4B model in seconds). Returns ``out_dir``,
-    which loads like the Hub model: ``AutoModelForCausalLM.from_pretrained(out_dir)``."""
-    from transformers import AutoModelForCausalLM
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(twin_config(model_id, **overrides), dtype=dtype)
-    model.generation_config.eos_token_id = None   # the tiny tokenizer's stop tokens decide (evaluation.py)
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copy(presets.TINY_MODEL_DIR / name, out / name)
-    del model
-    return out
-
-
-def parameter_count(model_id: str) -> int:
-    """Parameters of ``model_id``'s architecture (tied embeddings counted once), without weights."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(twin_config(model_id))
-    return sum(p.numel() for p in model.parameters())
+PROMPT_TOKENS = 160   # a GSM8K prompt in Qwen's chat template is about 80-200 tokens
 
 
 # ----------------------------------------------------------------------------- data of a given length
@@ -221,7 +128,7 @@ def _lora(cfg):
 
 def _generate_batch(phases, name, model, tokenizer, cfg, max_new_tokens, n=1, temperature=1.0):
     """One evaluation batch of ``cfg.eval_batch_size`` sequences (``n`` samples per prompt)."""
-    from . import evaluation
+    from .. import evaluation
 
     prompts = evaluation.format_prompts(tokenizer, problems(tokenizer, max(1, cfg.eval_batch_size // n)), "chat")
     kw = dict(do_sample=True, temperature=temperature, num_return_sequences=n) if n > 1 else {}
@@ -231,7 +138,7 @@ def _generate_batch(phases, name, model, tokenizer, cfg, max_new_tokens, n=1, te
 
 
 def _train_sft(phases, name, model, tokenizer, cfg, out, steps):
-    from . import sft
+    from .. import sft
 
     clock = _Clock()
     data = problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, answer_tokens=cfg.max_length)
@@ -245,7 +152,7 @@ def _train_sft(phases, name, model, tokenizer, cfg, out, steps):
 def _sft_trainer(phases, name, model, tokenizer, cfg, out, steps, dataset, **args):
     from trl import SFTTrainer
 
-    from . import sft
+    from .. import sft
 
     clock = _Clock()
     trainer = SFTTrainer(model=model, args=sft.sft_config(cfg, out, max_steps=steps, save_strategy="no", **args),
@@ -261,7 +168,7 @@ def _sft_trainer(phases, name, model, tokenizer, cfg, out, steps, dataset, **arg
 
 
 def _rewards():
-    from . import rewards
+    from .. import rewards
 
     return [rewards.correctness_reward, rewards.format_reward]
 
@@ -269,7 +176,7 @@ def _rewards():
 def _rl_dataset(tokenizer, n):
     from datasets import Dataset
 
-    from . import data
+    from .. import data
 
     return Dataset.from_list([{"prompt": data.to_prompt_messages(p), "answer": p["answer"]}
                               for p in problems(tokenizer, n)])
@@ -289,7 +196,7 @@ def lesson02(cfg, tokenizer, out, steps, resolve=presets.resolve):
     from datasets import Dataset
     from transformers import BitsAndBytesConfig
 
-    from . import data
+    from .. import data
 
     phases = Phases()
     base = _load(cfg)                                           # the lesson keeps its base model for comparisons
@@ -314,7 +221,7 @@ def lesson03(cfg, tokenizer, out, steps, resolve=presets.resolve):
     from datasets import Dataset
     from trl import DPOTrainer
 
-    from . import data, dpo
+    from .. import data, dpo
 
     phases = Phases()
     sft_model = _load(cfg).eval()
@@ -339,7 +246,7 @@ def lesson03(cfg, tokenizer, out, steps, resolve=presets.resolve):
 def _grpo(phases, name, cfg, tokenizer, out, steps, trainer_cls=None, **overrides):
     from trl import GRPOTrainer, RLOOTrainer
 
-    from . import rl
+    from .. import rl
 
     steps_per_batch = max(1, (getattr(cfg, "steps_per_generation", None) or cfg.grad_accum) // cfg.grad_accum)
     clock = _Clock()
@@ -408,107 +315,3 @@ def lesson06(cfg, tokenizer, out, steps, resolve=presets.resolve):
     base4 = _load(cfg, **variants["NF4 eval"])
     _train_sft(phases, "QLoRA train", base4, tokenizer, qlora_cfg, out / "qlora", steps)
     return phases.rows
-
-
-LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06}
-
-
-def _training_steps(cfg, lesson: str) -> dict:
-    """The optimizer steps of a lesson's longest training runs on this preset (for the time estimate)."""
-    if lesson == "01":
-        return {"sft train": cfg.max_steps}
-    if lesson == "02":
-        return {"SFTTrainer padded": cfg.max_steps}
-    if lesson == "03":
-        others = [b for b in cfg.betas if b != cfg.beta]   # the run, the sweep's other betas, DPO + NLL
-        return {"DPO train": cfg.max_steps * (2 + len(others))}
-    if lesson == "04":
-        return {"GRPO train": cfg.max_steps + cfg.hack_steps}
-    if lesson == "05":
-        batches = cfg.max_steps * cfg.grad_accum // cfg.steps_per_generation
-        return {"DAPO train": 3 * batches * len(cfg.seeds), "RLOO train": batches * len(cfg.seeds)}
-    return {"QLoRA train": cfg.qlora_steps}
-
-
-def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve) -> dict:
-    """Measure one lesson of ``preset`` with the twin in ``model_dir``. Returns its record.
-
-    ``resolve`` makes the lesson configs (``presets.resolve``; the tests pass one that shrinks the
-    sizes to run on a CPU). A phase that fails is reported in ``error`` and loses nothing measured before it."""
-    from transformers import AutoTokenizer
-
-    cfg = resolve(preset, lesson=lesson, model=str(model_dir), dataset="synthetic")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    t = time.perf_counter()
-    rows, error = {}, None
-    try:
-        rows = LESSONS[lesson](cfg, tokenizer, Path(out_dir), steps, resolve)
-    except Exception as err:  # one lesson's failure must not lose the others' figures
-        error = f"{type(err).__name__}: {err}"[:500]
-        traceback.print_exc()
-    estimate = {name: round(rows[name]["seconds"] * n / 60, 1) for name, n in _training_steps(cfg, lesson).items()
-                if name in rows and not math.isnan(rows[name]["seconds"])}
-    return {"model": presets.PRESETS[preset]["lessons"][lesson]["model"],
-            "dtype": presets.runtime.dtype_name(cfg.dtype), "phases": rows, "peak_gb": max((r["peak_gb"] or 0 for r in rows.values()), default=None),
-            "training_minutes": estimate, "measure_seconds": round(time.perf_counter() - t, 1),
-            "params_digest": presets.params_digest(presets.PRESETS[preset]["lessons"][lesson]),
-            **({"error": error} if error else {})}
-
-
-def measure(preset: str, lessons, out_dir, steps: int = 3) -> dict:
-    """Measure ``lessons`` of a GPU ``preset`` on this GPU with twins. Returns ``{lesson: record}``."""
-    out_dir = Path(out_dir)
-    spec = presets.PRESETS[preset]
-    results, twins = {}, {}
-    for lesson in lessons:
-        model_id = spec["lessons"][lesson]["model"]
-        if model_id not in twins:
-            twins[model_id] = build_twin(model_id, out_dir / "twins" / model_id.split("/")[-1],
-                                         presets._preset_dtype(spec, "cuda"), "cuda")
-        results[lesson] = measure_lesson(preset, lesson, twins[model_id], out_dir / lesson, steps)
-        print(json.dumps({preset: {lesson: results[lesson]}}), flush=True)
-    return results
-
-
-def _environment() -> dict:
-    from . import runtime
-
-    info = runtime.gpu_info()
-    return {"gpu": info["name"] if info else None, "gpu_total_gb": info["total_gb"] if info else None,
-            "date": time.strftime("%Y-%m-%d"),
-            **{k: runtime._version(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate")}}
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m utils.twins", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="measure GPU presets with architecture twins (needs a CUDA GPU)")
-    m.add_argument("--preset", nargs="+", default=["t4-16g", "24g", "80g"])
-    m.add_argument("--lessons", nargs="+", default=sorted(LESSONS))
-    m.add_argument("--steps", type=int, default=3, help="optimizer steps per training phase (default 3)")
-    m.add_argument("--work", default="/tmp/twins", help="where twins and trainer outputs go")
-    m.add_argument("--out", required=True, help="JSON file for the results (rewritten after each preset)")
-    m.add_argument("--memory-gb", type=float, default=None,
-                   help="cap PyTorch's memory at this many GiB, to play a smaller card on a larger one "
-                        "(an RTX 4090 leaves about 23.4 GiB to PyTorch); a run over the cap fails as it would there")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("measuring the GPU presets needs a CUDA GPU (torch sees none)")
-    unknown = [p for p in args.preset if p not in presets.PRESETS or not presets.PRESETS[p]["needs_gpu"]]
-    if unknown:
-        parser.error(f"not GPU presets: {unknown}; choose from {presets._gpu_presets()}")
-    report = {"environment": _environment(), "presets": {}}
-    if args.memory_gb:
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb / total))
-        report["environment"]["memory_cap_gb"] = args.memory_gb
-    for preset in args.preset:
-        report["presets"][preset] = measure(preset, [presets._lesson_id(x) for x in args.lessons],
-                                            Path(args.work) / preset, args.steps)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        shutil.rmtree(Path(args.work) / preset, ignore_errors=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The embedded tiny model: a few-million-parameter Qwen3 trained here, on a CPU.
 
-``python -m utils.tiny build`` trains it from nothing, deterministically:
+``python -m utils tiny build`` trains it from nothing, deterministically:
 
 1. a byte-level BPE tokenizer with Qwen's pre-tokenizer (digits split one by one),
    Qwen's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and a
@@ -16,7 +16,7 @@ The result loads like any Hub model::
     AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR)
     AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
 
-``python -m utils.tiny eval`` re-measures the committed model.
+``python -m utils tiny eval`` re-measures the committed model.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-qwen"
+from ..constants import TINY_MODEL_DIR
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -186,7 +186,7 @@ def measure(model, tokenizer, n_test: int = 500, n_sampled: int = 200, k: int = 
     """
     import torch
 
-    from . import data, evaluation
+    from .. import data, evaluation
 
     torch.manual_seed(0)
     test = data.make_problems(n_test, split="test", seed=0)
@@ -217,7 +217,7 @@ def build(out: Path = TINY_MODEL_DIR, steps: int | None = None, log_every: int =
     import torch
     from transformers import GenerationConfig
 
-    from . import data
+    from .. import data
 
     unknown = set(recipe) - set(RECIPE)
     if unknown:
@@ -286,7 +286,7 @@ def load(path: Path | str = TINY_MODEL_DIR):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m utils.tiny", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m utils tiny", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="train tokenizer + model from scratch and write them with a manifest")
     b.add_argument("--out", type=Path, default=TINY_MODEL_DIR)

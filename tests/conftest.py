@@ -1,0 +1,42 @@
+"""Fixtures the test modules share (the lessons' own executions come from ``tests/lesson_runs.py``)."""
+import types
+
+import pytest
+import torch
+
+from tests import side_venv
+
+# GPUs as torch describes them: name, compute capability, memory in GiB.
+GPUS = {
+    "T4": ("Tesla T4", (7, 5), 14.7),
+    "RTX 4090": ("NVIDIA GeForce RTX 4090", (8, 9), 23.6),
+    "A10G": ("NVIDIA A10G", (8, 6), 22.1),
+    "A100": ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2),
+    "H100": ("NVIDIA H100 80GB HBM3", (9, 0), 79.2),
+    "V100": ("Tesla V100-SXM2-32GB", (7, 0), 31.7),
+    "GTX 1080": ("NVIDIA GeForce GTX 1080", (6, 1), 7.9),
+}
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """``fake_gpu("RTX 4090")``: torch believes that GPU is present (what ``runtime.gpu_info`` reads)."""
+    def install(gpu: str):
+        name, capability, total_gb = GPUS[gpu]
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda idx=None: types.SimpleNamespace(total_memory=int(total_gb * 2**30)))
+    return install
+
+
+@pytest.fixture(scope="session")
+def side_python():
+    """``side_python("verl", requirements, timeout)``: the Python of a side venv (``tests/side_venv.py``),
+    built once from ``requirements`` and reused while they do not change."""
+    def ensure(name: str, requirements, timeout: float):
+        venv = side_venv.venv_dir(name, f"{name.upper()}_VENV")
+        return side_venv.ensure(venv, requirements, timeout, name)
+    return ensure

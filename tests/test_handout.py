@@ -1,0 +1,103 @@
+"""utils.course.handout: a student repository without the withheld answers, in which every lab still works."""
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from utils.constants import REPO_ROOT
+from utils.course import handout, labs
+from utils.course.labs import lesson_paths
+
+WITHHOLD, LABS = ["04"], ["01", "02", "03", "04", "06"]   # week 4: lab 05 needs lesson 04's answers, so it waits
+
+
+@pytest.fixture(scope="module")
+def week4(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("handout") / "week4"
+    report = handout.build(out, WITHHOLD, LABS)
+    assert report["withheld"] == ["04_grpo"] and len(report["labs"]) == 5
+    return out
+
+
+def test_refuses_a_lab_that_needs_a_withheld_answer(tmp_path):
+    with pytest.raises(handout.HandoutError) as err:
+        handout.build(tmp_path / "out", withhold=["04"])
+    message = str(err.value)
+    assert "lab 05_beyond_grpo" in message and "group_advantages (exercise 04-group-advantages)" in message
+    assert "utils.solutions.lesson04" in message and "--labs 01 02 03 04 06" in message
+    assert not (tmp_path / "out").exists(), "a refused handout writes nothing"
+
+
+def test_refuses_to_write_into_the_repository_or_over_a_folder(tmp_path):
+    with pytest.raises(handout.HandoutError, match="inside the course repository"):
+        handout.build(REPO_ROOT / "handout", withhold=["01"], labs=["01"])
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("mine")
+    with pytest.raises(handout.HandoutError, match="--force"):
+        handout.build(tmp_path / "full", withhold=["01"], labs=["01"])
+    assert (tmp_path / "full" / "x").read_text() == "mine"
+
+
+def test_what_a_handout_holds(week4):
+    files = {p.relative_to(week4).as_posix() for p in week4.rglob("*") if p.is_file()}
+    assert {f"labs/{p.name}" for p in lesson_paths(LABS)} == {f for f in files if f.startswith("labs/")}
+    assert {"README.md", "requirements.txt", "environment.yml", "utils/records.py", "utils/course/run.py",
+            "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson05.py"} <= files
+    assert "utils/solutions/lesson04.py" not in files
+    for instructor_only in ("notebooks/", "tests/", "utils/course/grade", "utils/course/labs", "utils/course/handout",
+                            "utils/course/solutions", "utils/course/twins", "docs/"):
+        assert not [f for f in files if f.startswith(instructor_only)], instructor_only
+    assert "04_grpo.ipynb` (graded" in (week4 / "README.md").read_text()
+
+
+def test_no_withheld_answer_appears_anywhere(week4):
+    assert handout.leaks(week4, lesson_paths(WITHHOLD)) == []
+    for lab in (week4 / "labs").glob("*.ipynb"):   # and the text of an answer region is nowhere either
+        assert "BEGIN SOLUTION" not in lab.read_text()
+
+
+def test_the_leak_finder_finds_an_answer_under_other_names(tmp_path):
+    """A renamed copy of lesson 04's group_advantages, and k3_kl's two lines inside a larger function."""
+    (tmp_path / "helper.py").write_text(
+        "import torch\n\n\ndef adv(r, g, how='group', e=1e-4):\n    '''Not an answer.'''\n"
+        "    x = r.view(-1, g)\n    c = (x - x.mean(dim=1, keepdim=True)).view(-1)\n    if how == 'group':\n"
+        "        return c / (x.std(dim=1).repeat_interleave(g) + e)\n    if how == 'batch':\n"
+        "        return c / (r.std() + e)\n    return c\n\n\ndef outer(p, q):\n    n = 1\n    d = q - p\n"
+        "    return torch.exp(d) - d - 1\n")
+    found = handout.leaks(tmp_path, lesson_paths(["04"]))
+    assert found == ["helper.py: the body of lesson04.group_advantages", "helper.py: the body of lesson04.k3_kl"]
+    assert handout.leaks(tmp_path, lesson_paths(["03"])) == []
+
+
+def test_no_lesson_helper_holds_any_answer(tmp_path):
+    """Withholding every lesson at once: what would be left of utils/ holds no answer of any lesson."""
+    out = tmp_path / "all"
+    report = handout.build(out, withhold=["01", "02", "03", "04", "05", "06"], labs=["01", "02", "03", "04", "06"])
+    assert len(report["withheld"]) == 6 and not list((out / "utils" / "solutions").glob("lesson*.py"))
+    assert handout.leaks(out, lesson_paths()) == []
+
+
+def test_instructor_commands_say_they_are_not_in_a_handout(week4):
+    run = subprocess.run([sys.executable, "-m", "utils", "grade", "x", "--lab", "01"], cwd=week4,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "not part of this handout" in run.stderr
+
+
+@pytest.mark.slow
+def test_every_lab_validates_inside_the_handout(week4):
+    """With the lesson's answers filled in, each lab of the handout passes every check using the handout's own
+    utils (the kernel starts in handout/labs); with its stubs, every check fails naming the exercise."""
+    def validate(args):
+        lesson_path, invert = args
+        lesson, lab = nbformat.read(lesson_path, as_version=4), labs.lab_for(lesson_path)
+        result = labs.validate_notebook(lesson, lab if invert else lesson, lab, invert=invert, kernel_cwd=week4 / "labs")
+        return lesson_path.stem, invert, result
+
+    jobs = [(p, invert) for p in lesson_paths(LABS) for invert in (False, True)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(validate, jobs))
+    for stem, invert, result in results:
+        assert result["ok"] and result["checks"], (stem, "invert" if invert else "answers", result["problems"])

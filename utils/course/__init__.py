@@ -1,0 +1,14 @@
+"""Course tooling: what runs, checks, grades and hands out the lessons. No lesson imports it.
+
+* ``run`` / ``summary``    -- execute lessons with papermill (``python -m utils run``) and summarise their records
+* ``lessons``              -- finding lessons, reading what a run was, cleaning executed notebooks for commit
+* ``cells`` / ``labs``     -- the exercise contract and the student editions in ``labs/`` (``python -m utils labs``)
+* ``solutions``            -- the reference solutions in ``utils/solutions/``, written from the lessons
+* ``grading`` / ``grade``  -- re-running answers and checks, and grading a class (``python -m utils grade``)
+* ``handout``              -- a student repository without the answers (``python -m utils handout``)
+* ``twins`` / ``twin_lessons`` -- architecture twins: the GPU presets measured on any CUDA GPU
+* ``tiny``                 -- building the embedded tiny model
+
+Dependencies point one way: these modules import the lesson modules of ``utils`` (``presets``,
+``records``, ``sft``, ...), never the reverse (``tests/test_layout.py`` checks the import graph).
+"""

@@ -1,0 +1,172 @@
+"""The exercise contract in a notebook's cells, as nbgrader reads it (``docs/notebook-contract.md``).
+
+- an **answer cell** has ``nbgrader`` metadata ``{"solution": true, "grade": false, ...}`` and its
+  solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+- a **graded check** has ``{"grade": true, "solution": false, "locked": true, "points": n, ...}``;
+  instructor-only lines go between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``;
+- cells tagged ``grader-setup`` are what the checks need besides the answers.
+
+This module reads and rewrites such cells (checksums, stubs, hidden tests); ``labs`` builds the
+student editions with it and ``grading`` re-runs answers and checks.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ..constants import SETUP_TAG
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+class LabError(ValueError):
+    """A lesson that breaks the exercise contract (unbalanced markers, missing metadata, ...)."""
+
+
+# ----------------------------------------------------------------------------- nbgrader's view of a cell
+def nbgrader_meta(cell) -> dict:
+    """The cell's ``nbgrader`` metadata ({} when it has none)."""
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_grade(cell) -> bool:
+    """A graded check (nbgrader: ``grade`` true)."""
+    return bool(nbgrader_meta(cell).get("grade", False))
+
+
+def is_solution(cell) -> bool:
+    """An answer cell (nbgrader: ``solution`` true)."""
+    return bool(nbgrader_meta(cell).get("solution", False))
+
+
+def is_locked(cell) -> bool:
+    """nbgrader's ``is_locked``: grade cells are locked, solution cells never, others as marked."""
+    meta = nbgrader_meta(cell)
+    if not meta or is_solution(cell):
+        return False
+    return True if is_grade(cell) else bool(meta.get("locked", False))
+
+
+def compute_checksum(cell) -> str:
+    """nbgrader's checksum of a cell (``nbgrader.utils.compute_checksum``, nbgrader 0.9).
+
+    md5 over the source, the cell type, ``str(is_grade)``, ``str(is_solution)``, ``str(is_locked)``,
+    the grade_id and, for grade cells, ``str(float(points))``; returned as a hex string.
+    """
+    m = hashlib.md5()
+    for part in (cell["source"], cell["cell_type"], str(is_grade(cell)), str(is_solution(cell)),
+                 str(is_locked(cell)), nbgrader_meta(cell)["grade_id"]):
+        m.update(part.encode("utf-8"))
+    if is_grade(cell):
+        m.update(str(float(nbgrader_meta(cell)["points"])).encode("utf-8"))
+    return m.hexdigest()
+
+
+def grade_id(cell) -> str | None:
+    return nbgrader_meta(cell).get("grade_id")
+
+
+# ----------------------------------------------------------------------------- source rewriting
+def _regions(lines: list[str], begin: str, end: str, where: str) -> list[tuple[int, int]]:
+    """(begin line, end line) index pairs of the delimited regions; LabError when unbalanced."""
+    regions, start = [], None
+    for i, line in enumerate(lines):
+        if begin in line:
+            if start is not None:
+                raise LabError(f"{where}: nested '{begin}' (line {i + 1})")
+            start = i
+        elif end in line:
+            if start is None:
+                raise LabError(f"{where}: '{end}' without '{begin}' (line {i + 1})")
+            regions.append((start, i))
+            start = None
+    if start is not None:
+        raise LabError(f"{where}: '{begin}' (line {start + 1}) has no '{end}'")
+    return regions
+
+
+def _enclosing_function(lines: list[str], index: int) -> str | None:
+    """Name of the innermost ``def`` above line ``index`` that is less indented than it."""
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    for line in reversed(lines[:index]):
+        m = re.match(r"(\s*)def\s+(\w+)\s*\(", line)
+        if m and len(m.group(1)) < indent:
+            return m.group(2)
+    return None
+
+
+def stub_solutions(source: str, exercise: str, where: str = "cell") -> str:
+    """Replace every solution region of ``source`` by a stub that raises NotImplementedError.
+
+    The stub keeps the region's indentation (nbgrader's ``# YOUR CODE HERE`` line, then the
+    ``raise``); its message names the exercise and the function to write.
+    """
+    lines = source.split("\n")
+    out, last = [], 0
+    for begin, end in _regions(lines, BEGIN_SOLUTION, END_SOLUTION, where):
+        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+        func = _enclosing_function(lines, begin)
+        what = f"write the body of {func}()" if func else "write this part"
+        message = f"Exercise {exercise}: {what} (see the docstring), then run the graded check after it"
+        out += lines[last:begin] + [f"{indent}# YOUR CODE HERE",
+                                     f"{indent}raise NotImplementedError({message!r})"]
+        last = end + 1
+    return "\n".join(out + lines[last:])
+
+
+def remove_hidden_tests(source: str, where: str = "cell") -> str:
+    """Drop every hidden-test region (markers included) from ``source``."""
+    lines = source.split("\n")
+    keep, last = [], 0
+    for begin, end in _regions(lines, BEGIN_HIDDEN, END_HIDDEN, where):
+        keep += lines[last:begin]
+        last = end + 1
+    return "\n".join(keep + lines[last:]).rstrip("\n")
+
+
+def exercise_of(answer_cell) -> str:
+    """The exercise an answer cell belongs to: its grade_id without the '-answer' suffix."""
+    return grade_id(answer_cell).removesuffix("-answer")
+
+
+# ----------------------------------------------------------------------------- contract check
+def check_contract(nb, name: str = "lesson") -> None:
+    """Raise LabError when a lesson breaks the exercise contract.
+
+    Every cell with a solution region is an answer cell and vice versa; grade_ids are unique and
+    nbgrader-valid; every check has integer points, is locked and is not also a solution cell;
+    hidden tests sit only in checks; markers are balanced; at least one cell is tagged
+    ``grader-setup`` when the lesson has checks.
+    """
+    seen = set()
+    for i, cell in enumerate(nb.cells):
+        where = f"{name}, cell {i + 1}"
+        meta, src = nbgrader_meta(cell), cell.get("source", "")
+        has_solution = bool(_regions(src.split("\n"), BEGIN_SOLUTION, END_SOLUTION, where))
+        has_hidden = bool(_regions(src.split("\n"), BEGIN_HIDDEN, END_HIDDEN, where))
+        if has_solution != is_solution(cell):
+            raise LabError(f"{where}: a cell with '{BEGIN_SOLUTION}' must have nbgrader metadata "
+                           f"solution=true, and a solution cell must have a solution region")
+        if has_hidden and not is_grade(cell):
+            raise LabError(f"{where}: hidden tests belong in a graded check cell")
+        if not meta:
+            continue
+        gid = meta.get("grade_id")
+        if not isinstance(gid, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", gid):
+            raise LabError(f"{where}: grade_id {gid!r} must be letters, digits, '_' or '-'")
+        if gid in seen:
+            raise LabError(f"{where}: grade_id {gid!r} is used twice")
+        seen.add(gid)
+        if meta.get("schema_version") != 3:
+            raise LabError(f"{where}: nbgrader schema_version must be 3")
+        if is_grade(cell):
+            if is_solution(cell) or cell.cell_type != "code":
+                raise LabError(f"{where}: a graded check is a code cell and not a solution cell")
+            if not isinstance(meta.get("points"), int) or meta["points"] <= 0 or not meta.get("locked"):
+                raise LabError(f"{where}: a graded check needs positive integer points and locked=true")
+        elif is_solution(cell) and not gid.endswith("-answer"):
+            raise LabError(f"{where}: an answer cell's grade_id ends in '-answer' (e.g. '01-collate-answer')")
+    if any(is_grade(c) for c in nb.cells) and not any(SETUP_TAG in c.metadata.get("tags", []) for c in nb.cells):
+        raise LabError(f"{name}: no cell is tagged {SETUP_TAG!r}; the checks could not be run on their own")

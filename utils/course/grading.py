@@ -1,0 +1,289 @@
+"""Re-running a notebook's answers and graded checks, and only those, in a kernel of their own.
+
+:func:`grading_notebook` assembles the cells (the lesson's ``parameters`` and ``grader-setup`` cells,
+the answers given, the lesson's checks); :func:`execute` runs it with papermill in a separate process
+under cell and notebook time limits; :func:`read_run` reads each check's result back. The grader
+(``grade``) and the lab validation (``labs validate``) both use it.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
+from .cells import compute_checksum, grade_id, is_grade, is_solution
+from .lessons import own_cells
+
+KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
+    "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+    "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+}
+CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
+INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
+
+
+# ----------------------------------------------------------------------------- the grading notebook
+def _defined_names(source: str) -> set[str]:
+    return set(re.findall(r"^def\s+(\w+)\s*\(", source, flags=re.M))
+
+
+def match_cells(lesson, submission) -> dict:
+    """For each answer and check cell of the lesson (by grade_id), the submission's cell or None.
+
+    A cell is found by its nbgrader grade_id, else by its cell id (labs keep the lesson's ids),
+    else (answer cells) by the functions it defines.
+    """
+    code = [c for c in submission.cells if c.cell_type == "code"]
+    by_gid, by_id = {}, {}
+    for cell in code:
+        gid = grade_id(cell)
+        if gid and gid not in by_gid:
+            by_gid[gid] = cell
+        if cell.get("id"):
+            by_id.setdefault(cell["id"], cell)
+    found = {}
+    for cell in lesson.cells:
+        if not (is_solution(cell) or is_grade(cell)):
+            continue
+        gid = grade_id(cell)
+        match = by_gid.get(gid) or by_id.get(cell.get("id"))
+        if match is None and is_solution(cell):
+            names = _defined_names(cell.source)
+            match = next((c for c in code if names and names <= _defined_names(c.source)), None)
+        found[gid] = match
+    return found
+
+
+def grading_notebook(lesson, answers, lab):
+    """The notebook that grades ``answers`` (a submission, a lab, or the lesson itself).
+
+    Cells, in the lesson's order: its ``parameters`` cell and ``grader-setup`` cells (the lesson's
+    source), each answer cell (the submission's source; the lab's stub when it has none) and each
+    graded check (the lesson's source, hidden tests included). Every cell is tagged
+    ``raises-exception`` so that one failure does not stop the run.
+
+    ``lab`` is the lesson's student edition (``labs.build_lab``): its stubs stand in for missing
+    answers and its checksums tell modified checks. Returns ``(notebook, integrity)``, ``integrity``
+    listing ``{"flag", "grade_id", "detail"}`` dicts: a check modified or deleted, an answer cell
+    missing or left as the stub.
+    """
+    lab_cells = {grade_id(c): c for c in lab.cells if grade_id(c)}
+    found = match_cells(lesson, answers)
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    integrity = []
+    for cell in lesson.cells:
+        tags = cell.metadata.get("tags", [])
+        if cell.cell_type != "code":
+            continue
+        gid = grade_id(cell)
+        if "parameters" in tags or SETUP_TAG in tags:
+            source, role = cell.source, "parameters" if "parameters" in tags else "setup"
+        elif is_solution(cell):
+            sub, stub = found.get(gid), lab_cells[gid]
+            if sub is None:
+                integrity.append({"flag": "missing-answer", "grade_id": gid,
+                                  "detail": "answer cell not found; graded as the unanswered stub"})
+                source = stub.source
+            else:
+                source = sub.source
+                if source == stub.source:
+                    integrity.append({"flag": "not-attempted", "grade_id": gid, "detail": "the stub is unchanged"})
+            role = "answer"
+        elif is_grade(cell):
+            sub, ref = found.get(gid), lab_cells[gid]
+            if sub is None:
+                integrity.append({"flag": "deleted", "grade_id": gid,
+                                  "detail": "graded check deleted; restored from the lesson"})
+            else:
+                theirs = copy.deepcopy(ref)
+                theirs.source = sub.source
+                if compute_checksum(theirs) != ref.metadata.nbgrader["checksum"]:
+                    integrity.append({"flag": "modified", "grade_id": gid,
+                                      "detail": "graded check changed (checksum differs); restored from the lesson"})
+            source, role = cell.source, "check"
+        else:
+            continue
+        new = nbformat.v4.new_code_cell(source)
+        new.metadata["tags"] = (["parameters"] if role == "parameters" else []) + ["raises-exception"]
+        new.metadata["grading"] = {"role": role, "grade_id": gid}
+        if is_grade(cell):
+            new.metadata["nbgrader"] = copy.deepcopy(cell.metadata["nbgrader"])
+        nb.cells.append(new)
+    return nb, integrity
+
+
+# ----------------------------------------------------------------------------- executing it
+def _limited(metadata) -> bool:
+    """Whether a grading cell runs under the cell time limit (answers and checks do)."""
+    return metadata.get("grading", {}).get("role") in ("answer", "check")
+
+
+def _worker(argv) -> int:
+    """Run in a child process: execute one grading notebook with papermill; write a status file."""
+    src, dst, cell_timeout, cwd, status_path, params = argv
+    import papermill
+
+    def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
+        return int(cell_timeout) if _limited(cell.metadata) else None
+
+    status = {"status": "ok", "detail": ""}
+    try:
+        papermill.execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
+                                   progress_bar=False, log_output=False, timeout_func=timeout_of,
+                                   interrupt_on_timeout=True, start_timeout=120)
+    except papermill.PapermillExecutionError:
+        pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
+    except Exception as e:  # a dead kernel, a kernel that would not start, ...
+        dead = type(e).__name__ == "DeadKernelError"
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        status = {"status": "kernel-died" if dead else "error", "detail": f"{type(e).__name__}: {first}"}
+    Path(status_path).write_text(json.dumps(status), encoding="utf-8")
+    return 0
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a process and every descendant (papermill and the kernel it started)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
+    evalue = (evalue.strip().splitlines() or [""])[0][:300]
+    if ename == "AssertionError":
+        return evalue or "an assertion failed (it has no message)"
+    if ename == "NotImplementedError":
+        return f"not implemented: {evalue}"
+    if ename == "KeyboardInterrupt":
+        return f"timed out after {cell_timeout} s and was interrupted (an endless loop, or far too slow?)"
+    return f"{ename}: {evalue}"
+
+
+def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
+    """Per-check results and the errors of answer/setup cells, from an executed grading notebook.
+
+    ``running`` is the index of the cell the run stopped in: the one papermill marks as running
+    (the process was killed), else, when ``stopped`` says the run stopped early, the cell the
+    kernel died in: the one it started (nbclient records ``iopub.execute_input``) but never
+    answered (no ``shell.execute_reply``), or, when the kernel died before it even announced the
+    cell, the first cell it never started.
+    """
+    checks, answer_errors, setup_errors, running, first_unrun, unanswered = {}, [], [], None, None, None
+    for i, cell in enumerate(own_cells(executed.cells)):
+        role = cell.metadata.get("grading", {}).get("role")
+        gid = cell.metadata.get("grading", {}).get("grade_id")
+        pm = cell.metadata.get("papermill", {})
+        if pm.get("status") == "running":
+            running = i
+        error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+        # Only the kernel sets execution_count; papermill marks cells "completed" even after a dead kernel.
+        ran = cell.get("execution_count") is not None
+        if not ran and first_unrun is None:
+            first_unrun = i
+        timing = cell.metadata.get("execution", {})
+        if unanswered is None and (ran or "iopub.execute_input" in timing) and "shell.execute_reply" not in timing:
+            unanswered = i
+        if role == "check":
+            points = cell.metadata["nbgrader"]["points"]
+            if error is not None:
+                ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
+                res = {"passed": False, "ename": ename, "message": _check_message(ename, evalue, cell_timeout)}
+            elif ran:
+                res = {"passed": True, "ename": None, "message": ""}
+            else:
+                res = {"passed": False, "ename": "NotRun",
+                       "message": f"not run: {stopped or 'the run stopped before it'}"}
+            checks[gid] = {**res, "points": points if res["passed"] else 0, "max_points": points}
+        elif error is not None:
+            entry = {"cell": i + 1, "grade_id": gid,
+                     "error": _check_message(error.get("ename", "Error"), error.get("evalue", ""), cell_timeout)}
+            (answer_errors if role == "answer" else setup_errors).append(entry)
+    if running is None and stopped:  # a dead kernel: the cell it never answered
+        running = unanswered if unanswered is not None else first_unrun
+    return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
+
+
+def _running_cell(executed_path: Path) -> int | None:
+    """Index (papermill's cells excluded) of the answer or check cell papermill marks as running, or None."""
+    try:
+        cells = json.loads(executed_path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not written yet, or caught mid-write
+    return next((i for i, c in enumerate(own_cells(cells))
+                 if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
+                 and _limited(c.get("metadata", {}))), None)
+
+
+def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
+            kernel_cwd: Path = NOTEBOOKS_DIR) -> dict:
+    """Execute a grading notebook once, in a separate process and kernel, within ``timeout`` seconds.
+
+    The kernel starts in ``kernel_cwd``; the lesson's setup cell imports the ``utils`` of the first
+    folder above it that has one (a handout's own, for a handout's labs).
+
+    Returns ``{"status": "ok" | "timeout" | "kernel-died" | "error", "detail", "wall_s", "checks",
+    "answer_errors", "setup_errors", "running"}`` (``running``: index of the cell that was running
+    when the run stopped, or None). The executed notebook is ``workdir/executed.ipynb``.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
+    for p in (dst, status_path):
+        p.unlink(missing_ok=True)
+    nbformat.write(gnb, src)
+    params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(workdir / "output")})
+    worker = "import sys; from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", worker, str(src), str(dst), str(cell_timeout), str(kernel_cwd), str(status_path),
+           params]
+    env = {**os.environ, **KERNEL_ENV}
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    status, running_since = None, {}
+    while status is None:
+        try:
+            proc.wait(timeout=1.0)
+            status = json.loads(status_path.read_text()) if status_path.is_file() else \
+                {"status": "error", "detail": f"the grading process exited with {proc.returncode}"}
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.perf_counter()
+        stuck = _running_cell(dst)
+        if stuck is not None:
+            running_since.setdefault(stuck, now)
+        if now - start > timeout:
+            status = {"status": "timeout",
+                      "detail": f"the notebook ran past its {timeout} s limit; its kernel was killed"}
+        elif stuck is not None and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
+            status = {"status": "timeout", "detail": f"a cell ran past its {cell_timeout} s limit and ignored the "
+                                                     "interrupt; its kernel was killed"}
+        if status is not None:
+            _kill_tree(proc)
+    wall = round(time.perf_counter() - start, 1)
+    executed = None
+    if dst.is_file():
+        try:
+            executed = nbformat.read(dst, as_version=4)
+        except Exception:
+            executed = None
+    stopped = "" if status["status"] == "ok" else status["detail"]
+    run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)
+    return {**status, "wall_s": wall, **run}

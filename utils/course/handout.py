@@ -1,0 +1,334 @@
+"""A student repository without the answers of the labs it withholds (``make handout``).
+
+Usage (from the repository root)::
+
+    python -m utils handout --out ../week4 --withhold 04                 # every lab; lesson 04's answers out
+    python -m utils handout --out ../week4 --withhold 04 --labs 01 02 03 04
+
+The handout holds the labs (student editions), ``utils/`` with what the labs import and the runner
+(``python -m utils run``), the embedded model, the pinned requirements and a README for students.
+It leaves out the lessons (``notebooks/``: they hold every answer), the tests, the grader and the
+other instructor tools, and ``utils/solutions/lessonNN.py`` of every withheld lesson.
+
+It refuses, naming the dependency, when a lab it would hold (or a module of ``utils`` it copies)
+imports an answer it withholds: lesson 05 uses lesson 04's ``group_advantages``, so withholding 04
+means leaving lab 05 out (``--labs``) or handing it out later. Before it writes anything it also
+checks that no function body of a withheld answer appears anywhere in the handout, under any name
+(:func:`leaks`).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from ..constants import REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
+from .cells import LabError, grade_id, is_solution
+from .labs import lab_text, lesson_paths
+from .solutions import answer_source, module_name
+
+# What of utils/ a student needs: the lesson modules, the runner and the assets; no instructor tools.
+COURSE_MODULES_FOR_STUDENTS = ("__init__.py", "run.py", "lessons.py", "summary.py")
+TOP_FILES = ("requirements.txt", "environment.yml", ".gitignore")
+
+
+class HandoutError(ValueError):
+    """A handout that would give away a withheld answer, or that cannot be made as asked."""
+
+
+# ----------------------------------------------------------------------------- what depends on which answers
+def _solution_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    """``[(module, names)]`` for every import of ``utils.solutions.lessonNN`` in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [a.name for a in node.names]
+            if node.module.startswith("utils.solutions.") or (node.level and node.module.startswith("solutions.")):
+                found.append((node.module.rsplit(".", 1)[-1], names))
+            elif node.module in ("utils.solutions", "solutions") or (node.level and node.module == "solutions"):
+                found += [(n, ["*"]) for n in names if n.startswith("lesson")]
+        elif isinstance(node, ast.Import):
+            found += [(a.name.rsplit(".", 1)[-1], ["*"]) for a in node.names if a.name.startswith("utils.solutions.")]
+    return found
+
+
+def _parse(source: str) -> ast.AST | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None   # a cell with IPython magics or a stub: nothing it imports can be read
+
+
+def needed_answers(lab) -> list[tuple[str, str, list[str]]]:
+    """``[(solutions module, where, names)]`` a lab imports (``where`` names the cell)."""
+    needs = []
+    for i, cell in enumerate(lab.cells):
+        if cell.cell_type == "code" and (tree := _parse(cell.source)) is not None:
+            needs += [(module, f"cell {i + 1}", names) for module, names in _solution_imports(tree)]
+    return needs
+
+
+def exercises_of(lesson_path: Path) -> dict[str, str]:
+    """``{function name: exercise id}`` for the functions a lesson's answer cells define."""
+    out = {}
+    for cell in nbformat.read(lesson_path, as_version=4).cells:
+        if is_solution(cell) and (tree := _parse(answer_source(cell))) is not None:
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[node.name] = grade_id(cell).removesuffix("-answer")
+    return out
+
+
+# ----------------------------------------------------------------------------- finding an answer's body
+class _Canonical(ast.NodeTransformer):
+    """Renames every variable, argument and function to its order of appearance: v0, v1, ..."""
+
+    def __init__(self):
+        self.names: dict[str, str] = {}
+
+    def _name(self, name: str) -> str:
+        return self.names.setdefault(name, f"v{len(self.names)}")
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(id=self._name(node.id), ctx=node.ctx), node)
+
+    def visit_arg(self, node):
+        return ast.copy_location(ast.arg(arg=self._name(node.arg), annotation=None), node)
+
+    def visit_FunctionDef(self, node):
+        node.name = "f"
+        node.returns = None
+        return self.generic_visit(node)
+
+
+def _body(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """Statements without a leading docstring."""
+    if statements and isinstance(statements[0], ast.Expr) and isinstance(statements[0].value, ast.Constant) \
+            and isinstance(statements[0].value.value, str):
+        return statements[1:]
+    return statements
+
+
+def _shape(statement: ast.stmt) -> str:
+    """A statement with every name blanked: equal shapes are a cheap first test before :func:`fingerprint`."""
+    tree = ast.parse(ast.unparse(statement)).body[0]
+    for node in ast.walk(tree):
+        for field in ("id", "arg", "name"):
+            if isinstance(getattr(node, field, None), str) and not isinstance(node, ast.alias):
+                setattr(node, field, "_")
+    return ast.dump(tree, annotate_fields=False)
+
+
+def fingerprint(statements: list[ast.stmt]) -> str:
+    """A statement list, docstring dropped and every name canonical: equal for the same code renamed."""
+    module = ast.Module(body=[_Canonical().visit(ast.parse(ast.unparse(s)).body[0]) for s in _body(statements)],
+                        type_ignores=[])
+    return ast.dump(module, annotate_fields=False)
+
+
+def _statement_lists(tree: ast.AST):
+    """Every list of statements in ``tree``: the module's, each function's, each block's."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+
+
+def answer_bodies(lesson_path: Path) -> dict[str, tuple[tuple[str, ...], str]]:
+    """``{"lesson04.group_advantages": (shapes, fingerprint)}`` of the body of each of a lesson's answer functions."""
+    out = {}
+    for cell in nbformat.read(lesson_path, as_version=4).cells:
+        if is_solution(cell) and (tree := _parse(answer_source(cell))) is not None:
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body(node.body):
+                    shapes = tuple(_shape(s) for s in _body(node.body))
+                    out[f"{module_name(lesson_path.stem)}.{node.name}"] = (shapes, fingerprint(node.body))
+    return out
+
+
+def _sources(root: Path):
+    """``(where, Python source)`` for every .py file and every notebook code cell under ``root``."""
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".py":
+            yield rel, path.read_text(encoding="utf-8", errors="replace")
+        elif path.suffix == ".ipynb":
+            for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+                if cell.cell_type == "code":
+                    yield f"{rel}, cell {i + 1}", cell.source
+
+
+def leaks(root: Path, lesson_paths_withheld: list[Path]) -> list[str]:
+    """Where, under ``root``, the body of a withheld answer appears: as a whole function body or as a run of
+    statements anywhere, under any names (compared by :func:`fingerprint`). Empty when nothing leaks."""
+    wanted = {}   # shapes -> [(fingerprint, name)]
+    for path in lesson_paths_withheld:
+        for name, (shapes, print_) in answer_bodies(path).items():
+            wanted.setdefault(shapes, []).append((print_, name))
+    lengths = {len(shapes) for shapes in wanted}
+    found = []
+    for where, source in _sources(Path(root)):
+        tree = _parse(source)
+        if tree is None or not wanted:
+            continue
+        for block in _statement_lists(tree):
+            body = _body(block)
+            shapes = [_shape(s) for s in body]
+            for n in lengths:
+                for start in range(0, len(body) - n + 1):
+                    for print_, name in wanted.get(tuple(shapes[start:start + n]), []):
+                        if fingerprint(body[start:start + n]) == print_:
+                            found.append(f"{where}: the body of {name}")
+    return sorted(set(found))
+
+
+# ----------------------------------------------------------------------------- building it
+def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list[Path]]:
+    """(lessons whose labs go in, lessons withheld), checked for the dependencies; raises HandoutError."""
+    withheld = lesson_paths(withhold) if withhold else []
+    included = lesson_paths(labs) if labs else lesson_paths()
+    numbers = {p.stem[:2]: p for p in lesson_paths()}
+    withheld_modules = {module_name(p.stem): p for p in withheld}
+    problems, blocked = [], set()
+    for lesson in included:
+        lab = nbformat.reads(lab_text(lesson), as_version=4)
+        for module, where, names in needed_answers(lab):
+            if module in withheld_modules:
+                source = withheld_modules[module]
+                exercises = exercises_of(source)
+                what = ", ".join(f"{n} (exercise {exercises.get(n, '?')})" for n in names) if names != ["*"] \
+                    else "its answers"
+                problems.append(f"lab {lesson.stem} ({where}) imports {what} from utils.solutions.{module}, "
+                                f"lesson {source.stem[:2]}'s answers, which --withhold {source.stem[:2]} leaves out")
+                blocked.add(lesson)
+            elif module.startswith("lesson") and module[6:] not in numbers:
+                problems.append(f"lab {lesson.stem} ({where}) imports utils.solutions.{module}, which no lesson has")
+    for path in sorted(UTILS_DIR.rglob("*.py")):
+        rel = path.relative_to(UTILS_DIR)
+        if rel.parts[0] in ("solutions", "course") or (tree := _parse(path.read_text())) is None:
+            continue
+        for module, _ in _solution_imports(tree):
+            if module in withheld_modules:
+                problems.append(f"utils/{rel.as_posix()} imports utils.solutions.{module}, which is withheld")
+    if problems:
+        without = [p.stem[:2] for p in included if p not in blocked]
+        raise HandoutError("this handout would need answers it withholds:\n  - " + "\n  - ".join(problems)
+                           + "\nLeave those labs out (e.g. --labs " + " ".join(without) + "), or hand them out "
+                           "once the answers they use may be seen (leave that lesson out of --withhold).")
+    return included, withheld
+
+
+def _copy_utils(dest: Path, withheld: list[Path]) -> None:
+    skip_solutions = {f"{module_name(p.stem)}.py" for p in withheld}
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    (dest / "utils").mkdir(parents=True)
+    for entry in sorted(UTILS_DIR.iterdir()):
+        if entry.name in ("__pycache__", "course", "solutions"):
+            continue
+        target = dest / "utils" / entry.name
+        if entry.is_dir():
+            shutil.copytree(entry, target, ignore=ignore)
+        else:
+            shutil.copy2(entry, target)
+    (dest / "utils" / "course").mkdir()
+    for name in COURSE_MODULES_FOR_STUDENTS:
+        shutil.copy2(UTILS_DIR / "course" / name, dest / "utils" / "course" / name)
+    (dest / "utils" / "solutions").mkdir()
+    for path in sorted(SOLUTIONS_DIR.glob("*.py")):
+        if path.name not in skip_solutions:
+            shutil.copy2(path, dest / "utils" / "solutions" / path.name)
+
+
+def _readme(included: list[Path], withheld: list[Path]) -> str:
+    labs = "\n".join(f"- `labs/{p.name}`" + (" (graded: its answers are not in this repository)"
+                                             if p in withheld else "") for p in included)
+    return f"""# LLM post-training labs
+
+Your labs:
+
+{labs}
+
+## Set up
+
+```bash
+python3 -m venv .venv && .venv/bin/pip install -r requirements.txt   # or: conda env create -f environment.yml
+.venv/bin/jupyter lab labs/
+```
+
+Every lab runs on a laptop CPU with the embedded tiny model (`PRESET = "auto"` picks it), and on a
+Colab T4 or a 24 GB / 80 GB GPU with a real Qwen model. In China, set `HF_ENDPOINT=https://hf-mirror.com`.
+
+## Work on a lab
+
+Each exercise is a function whose body raises `NotImplementedError`: write it, then run the graded
+check right after it. Keep everything an answer needs inside its answer cell. Long GPU runs survive a
+closed browser tab when started from a terminal:
+
+```bash
+nohup .venv/bin/python -m utils run labs/04_grpo.ipynb --preset 24g &    # the executed copy goes to runs/24g/
+```
+
+## Hand in
+
+The **executed** notebook, under its own name. Your instructor re-runs your answers and the checks on
+the tiny model; the numbers and figures of your own run are read from the notebook you hand in.
+"""
+
+
+def build(out, withhold=(), labs=None, force: bool = False) -> dict:
+    """Write the handout to ``out``; returns ``{"labs", "withheld", "files"}``. Raises HandoutError (and
+    writes nothing) when a lab needs a withheld answer, or when ``out`` exists and ``force`` is not set."""
+    out = Path(out).resolve()
+    if out == REPO_ROOT or REPO_ROOT in out.parents:
+        raise HandoutError(f"--out {out} is inside the course repository; write the handout somewhere else")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise HandoutError(f"{out} exists and is not empty; choose another folder or pass --force to replace it")
+    included, withheld = _plan(list(withhold), list(labs) if labs else None)
+    with tempfile.TemporaryDirectory(prefix="handout-", dir=out.parent if out.parent.exists() else None) as tmp:
+        stage = Path(tmp) / "handout"
+        (stage / "labs").mkdir(parents=True)
+        for lesson in included:
+            (stage / "labs" / lesson.name).write_text(lab_text(lesson), encoding="utf-8")
+        _copy_utils(stage, withheld)
+        for name in TOP_FILES:
+            if (REPO_ROOT / name).exists():
+                shutil.copy2(REPO_ROOT / name, stage / name)
+        (stage / "README.md").write_text(_readme(included, withheld), encoding="utf-8")
+        found = leaks(stage, withheld)
+        if found:   # a helper that copies an answer: a bug of the course, never handed out
+            raise HandoutError("a withheld answer appears in the handout:\n  - " + "\n  - ".join(found))
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(stage), str(out))
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    return {"labs": [p.stem for p in included], "withheld": [p.stem for p in withheld], "files": files}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m utils handout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the folder to write (outside this repository)")
+    parser.add_argument("--withhold", nargs="*", default=[], metavar="NN",
+                        help="lessons whose answers stay out (the labs being graded)")
+    parser.add_argument("--labs", nargs="*", default=None, metavar="NN", help="the labs to hand out (default: all)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    args = parser.parse_args(argv)
+    try:
+        report = build(args.out, args.withhold, args.labs, args.force)
+    except (HandoutError, LabError, LookupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    withheld = ", ".join(report["withheld"]) or "none"
+    print(f"wrote {args.out}: {len(report['labs'])} labs ({', '.join(report['labs'])}), answers withheld: "
+          f"{withheld}; {len(report['files'])} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

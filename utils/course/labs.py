@@ -1,0 +1,236 @@
+"""Student editions of the lessons (``labs/``), built and validated like nbgrader's assignments.
+
+Usage (from the repository root)::
+
+    python -m utils labs build                  # write labs/ and utils/solutions/ from notebooks/ (`make labs`)
+    python -m utils labs check                  # exit 1 when either is out of date with notebooks/
+    python -m utils labs validate [NN ...]      # each lesson passes all of its graded checks
+    python -m utils labs validate --invert      # each lab's stubs fail every graded check cleanly
+
+A lesson marks its exercises the nbgrader way (:mod:`utils.course.cells`; the contract is
+``docs/notebook-contract.md``). Validation and grading run only the parameters cell, the cells
+tagged ``grader-setup``, the answer cells and the checks: never a lesson's training.
+
+The lab of a lesson has every solution region replaced by a stub that raises
+``NotImplementedError`` naming the exercise, the hidden tests removed, outputs cleared, the
+checks locked (``editable``/``deletable`` false, as nbgrader's LockCells does) and every answer
+and check cell's nbgrader checksum recorded (``compute_checksum`` is nbgrader 0.9's). The answers
+themselves go to ``utils/solutions/lessonNN.py`` (:mod:`utils.course.solutions`), where the tests
+and later lessons find them and a handout can leave them out.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+
+from ..constants import LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR
+from . import grading, solutions
+from .cells import (
+    LabError,
+    check_contract,
+    compute_checksum,
+    exercise_of,
+    is_grade,
+    is_solution,
+    remove_hidden_tests,
+    stub_solutions,
+)
+from .lessons import find_lessons
+
+LAB_META_KEY = "course_lab"          # notebook metadata of a lab: {"lesson": "01", "name": ...}
+INSTRUCTIONS_ID = "lab-instructions"
+INSTRUCTIONS = """\
+> **Student edition.** Each exercise is a function whose body raises `NotImplementedError`:
+> replace the `# YOUR CODE HERE` line and the `raise` under it with your code, then run the
+> **graded check** right after it (a locked cell: do not edit or delete it).
+>
+> **How this lab is graded.** Your instructor's grader re-runs only your answer cells and the
+> graded checks (plus hidden tests), on the tiny model and a CPU, so keep everything an answer
+> needs (imports, helper functions) *inside its answer cell*. It does not re-run your training:
+> the numbers your run records (`utils.record`) and your figures are read from the notebook you
+> hand in, as self-reported results, with the preset and hardware you ran on. Hand in the
+> executed notebook, under its own name.
+"""
+
+
+# ----------------------------------------------------------------------------- building labs
+def _clean_cell(cell) -> None:
+    """Outputs, execution counts and run metadata (papermill, execution timings) removed."""
+    if cell.cell_type == "code":
+        cell.outputs = []
+        cell.execution_count = None
+    for key in ("papermill", "execution", "collapsed", "scrolled"):
+        cell.metadata.pop(key, None)
+
+
+def build_lab(lesson, name: str):
+    """The student edition of a lesson notebook (a new NotebookNode; the lesson is not changed).
+
+    ``name`` is the lesson's file stem (e.g. "01_sft_from_scratch"), stored in the lab's metadata
+    so that the grader can tell which lab a renamed submission is.
+    """
+    check_contract(lesson, name)
+    lab = copy.deepcopy(lesson)
+    lab.metadata = nbformat.from_dict({k: v for k, v in lesson.metadata.items()
+                                       if k in ("kernelspec", "language_info")})
+    lab.metadata[LAB_META_KEY] = {"lesson": name[:2], "name": name}
+    for i, cell in enumerate(lab.cells):
+        _clean_cell(cell)
+        where = f"{name}, cell {i + 1}"
+        if is_solution(cell):
+            cell.source = stub_solutions(cell.source, exercise_of(cell), where)
+            cell.metadata["deletable"] = False
+        elif is_grade(cell):
+            cell.source = remove_hidden_tests(cell.source, where)
+            cell.metadata["deletable"] = False
+            cell.metadata["editable"] = False
+        if is_solution(cell) or is_grade(cell):
+            cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
+    instructions = nbformat.v4.new_markdown_cell(INSTRUCTIONS)
+    instructions.id = INSTRUCTIONS_ID
+    lab.cells.insert(1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0, instructions)
+    nbformat.validate(lab)
+    return lab
+
+
+def lesson_paths(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
+    """Lessons named by number ('01' or '1') or stem; all of them when none is given."""
+    return find_lessons(selectors, notebooks_dir)
+
+
+def lab_text(lesson_path: Path) -> str:
+    """The lab of ``lesson_path`` as the exact text ``build`` writes."""
+    lab = build_lab(nbformat.read(lesson_path, as_version=4), Path(lesson_path).stem)
+    return nbformat.writes(lab) + "\n"
+
+
+def build(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTIONS_DIR) -> list[Path]:
+    """Write ``labs/NN_name.ipynb`` and ``utils/solutions/lessonNN.py`` for every lesson; remove those whose
+    lesson is gone. Returns the paths written."""
+    labs_dir = Path(labs_dir)
+    labs_dir.mkdir(parents=True, exist_ok=True)
+    written, modules = [], []
+    for lesson in lesson_paths(notebooks_dir=notebooks_dir):
+        target = labs_dir / lesson.name
+        text = lab_text(lesson)
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            target.write_text(text, encoding="utf-8")
+        written.append(target)
+        module = solutions.write(lesson, solutions_dir)
+        if module is not None:
+            modules.append(module)
+    for old in labs_dir.glob(LESSON_GLOB):
+        if old not in written:
+            old.unlink()
+    for old in Path(solutions_dir).glob("lesson[0-9]*.py"):
+        if old not in modules:
+            old.unlink()
+    return written + modules
+
+
+def stale(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTIONS_DIR) -> list[str]:
+    """Why ``labs/`` or ``utils/solutions/`` is out of date with the lessons (empty when both are up to date)."""
+    labs_dir = Path(labs_dir)
+    problems = []
+    lessons = lesson_paths(notebooks_dir=notebooks_dir)
+    for lesson in lessons:
+        target = labs_dir / lesson.name
+        if not target.is_file():
+            problems.append(f"{target.name}: missing")
+        elif target.read_text(encoding="utf-8") != lab_text(lesson):
+            problems.append(f"{target.name}: differs from what its lesson builds")
+    names = {p.name for p in lessons}
+    problems += [f"{p.name}: no lesson of that name" for p in sorted(labs_dir.glob(LESSON_GLOB)) if p.name not in names]
+    problems += [f"utils/solutions/{p}" for p in solutions.stale(lessons, solutions_dir)]
+    return problems
+
+
+def lab_for(lesson_path: Path):
+    """The lab of a lesson, built in memory (the grader compares submissions with it)."""
+    return build_lab(nbformat.read(lesson_path, as_version=4), Path(lesson_path).stem)
+
+
+# ----------------------------------------------------------------------------- validation
+def validate_notebook(lesson, answers, lab, invert: bool = False, timeout: int = 300,
+                      kernel_cwd: Path = NOTEBOOKS_DIR) -> dict:
+    """Run ``lesson``'s checks on ``answers`` (the lesson itself, a lab, a submission) and judge them.
+
+    Without ``invert`` every check must pass; with it every check must fail with the
+    NotImplementedError that names its exercise, and the run must go on to the next check.
+    Returns ``{"ok", "checks": {grade_id: result}, "problems": [str], "wall_s"}``.
+    """
+    gnb, _ = grading.grading_notebook(lesson, answers, lab)
+    with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
+        run = grading.execute(gnb, Path(tmp), timeout=timeout, kernel_cwd=kernel_cwd)
+    problems = [f"the grading run stopped: {run['status']} ({run['detail']})"] if run["status"] != "ok" else []
+    problems += [f"setup cell {s['cell']} failed: {s['error']}" for s in run["setup_errors"]]
+    for gid, r in run["checks"].items():
+        if not invert and not r["passed"]:
+            problems.append(f"{gid} fails with the lesson's solution: {r['message']}")
+        if invert:
+            if r["passed"]:
+                problems.append(f"{gid} passes with the stubs: the check tests nothing")
+            elif r["ename"] != "NotImplementedError" or "Exercise " not in r["message"]:
+                problems.append(f"{gid} fails without naming an exercise: {r['message']}")
+    return {"ok": not problems, "checks": run["checks"], "problems": problems, "wall_s": run["wall_s"]}
+
+
+def validate(selectors=(), invert: bool = False, jobs: int = 1, timeout: int = 300) -> list[dict]:
+    """nbgrader's ``validate`` (and ``--invert``) for the lessons named (all by default): each lesson's
+    grading notebook on ``tiny``, with the lesson's own solutions (or, with ``invert``, the lab's stubs).
+    Returns one :func:`validate_notebook` dict per lesson, with ``"lesson"`` added."""
+    def one(path):
+        lesson, lab = nbformat.read(path, as_version=4), lab_for(path)
+        return {"lesson": path.stem, **validate_notebook(lesson, lab if invert else lesson, lab, invert, timeout)}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, lesson_paths(selectors)))
+
+
+# ----------------------------------------------------------------------------- command line
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m utils labs", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="write labs/ and utils/solutions/ from notebooks/")
+    sub.add_parser("check", help="exit 1 when labs/ or utils/solutions/ is out of date")
+    v = sub.add_parser("validate", help="run the graded checks of lessons (or, with --invert, of labs)")
+    v.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
+    v.add_argument("--invert", action="store_true", help="every check must fail on the lab's stubs")
+    v.add_argument("--jobs", type=int, default=1, help="lessons validated in parallel (default 1)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            for path in build():
+                print(f"wrote {path.relative_to(REPO_ROOT)}")
+            return 0
+        if args.command == "check":
+            problems = stale()
+            for p in problems:
+                print(p if p.startswith("utils/") else f"labs/{p}")
+            if problems:
+                print("labs/ or utils/solutions/ is out of date with notebooks/: run `make labs` "
+                      "(python -m utils labs build) and commit both")
+            return 1 if problems else 0
+        results = validate(args.lessons, invert=args.invert, jobs=args.jobs)
+    except (LabError, LookupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in results:
+        passed = sum(c["passed"] for c in r["checks"].values())
+        status = "ok" if r["ok"] else "FAILED"
+        what = "stubs fail" if args.invert else "checks pass"
+        print(f"{r['lesson']:<24} {status:<7} {what}: {len(r['checks']) - passed if args.invert else passed}/"
+              f"{len(r['checks'])}  ({r['wall_s']:.0f} s)")
+        for p in r["problems"]:
+            print(f"    {p}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Lessons as files: finding them, reading what a run was, and cleaning an executed copy for commit."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from ..constants import LESSON_GLOB, META_KEYS, NOTEBOOKS_DIR, PAPERMILL_TAGS
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def find_lessons(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
+    """Resolve lesson selectors to notebook paths, in the order given (no duplicates).
+
+    With no selectors, every ``NN_*.ipynb`` in ``notebooks_dir`` in lesson order. A selector
+    is a lesson number ("01", "1"), a file stem or name ("01_sft_from_scratch[.ipynb]"), a
+    unique stem prefix ("01_sft"), or a path to an existing notebook. Raises LookupError
+    naming the available lessons when a selector matches nothing (or more than one).
+    """
+    notebooks_dir = Path(notebooks_dir)
+    available = sorted(notebooks_dir.glob(LESSON_GLOB))
+    if not selectors:
+        if not available:
+            raise LookupError(f"no lessons found in {notebooks_dir} (expected files named NN_name.ipynb)")
+        return available
+
+    found = []
+    for sel in selectors:
+        sel = str(sel)
+        path = Path(sel)
+        if path.suffix == ".ipynb" and path.is_file():
+            matches = [path.resolve()]
+        elif sel.isdigit():
+            matches = [p for p in available if int(p.name[:2]) == int(sel)]
+        else:
+            stem = sel.removesuffix(".ipynb")
+            matches = [p for p in available if p.stem == stem] or [p for p in available if p.stem.startswith(stem)]
+        if len(matches) != 1:
+            names = ", ".join(p.stem for p in available) or f"none (no NN_name.ipynb in {notebooks_dir})"
+            what = "is ambiguous" if matches else "matches no lesson"
+            raise LookupError(f"lesson {sel!r} {what}. Available lessons: {names}")
+        if matches[0] not in found:
+            found.append(matches[0])
+    return found
+
+
+def lesson_number(path) -> str:
+    """'01' for notebooks/01_sft_from_scratch.ipynb."""
+    return Path(path).name[:2]
+
+
+def meta_of(records: dict) -> dict:
+    """What a run was: {"preset", "model", "device", "hardware"} from its records (None when not recorded)."""
+    return {meta: next((v for k, v in records.items() if k.split("/", 1)[-1] == meta), None) for meta in META_KEYS}
+
+
+def metrics_of(records: dict) -> dict:
+    """Numeric records with the lesson prefix removed ('01/acc' -> 'acc'), minus preset/model/device."""
+    out = {}
+    for key, value in records.items():
+        name = key.split("/", 1)[-1]
+        if name in META_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        out[name] = value
+    return out
+
+
+def own_cells(cells: list) -> list:
+    """A notebook's cells without those papermill adds (the injected parameters, its error banner)."""
+    return [c for c in cells if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
+
+
+def clean_for_commit(nb):
+    """Return a copy of an executed notebook that is fit to commit.
+
+    Removes the papermill-injected parameters cell (and papermill's error banner),
+    ``metadata.papermill`` / ``metadata.execution`` / ``metadata.widgets`` of the notebook
+    and of every cell, error outputs and widget views. Outputs and execution counts stay.
+    """
+    nb = copy.deepcopy(nb)
+    for key in ("papermill", "execution", "widgets"):
+        nb.metadata.pop(key, None)
+    cells = []
+    for cell in own_cells(nb.cells):
+        for key in ("papermill", "execution", "widgets"):
+            cell.metadata.pop(key, None)
+        if cell.cell_type == "code":
+            outputs = []
+            for out in cell.outputs:
+                if out.output_type == "error":
+                    continue
+                if WIDGET_MIME in out.get("data", {}):
+                    del out.data[WIDGET_MIME]
+                    if not out.data:
+                        continue
+                outputs.append(out)
+            cell.outputs = outputs
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def write_back(executed: Path, original: Path) -> None:
+    """Clean the executed notebook and write it over the committed lesson ``original``."""
+    import nbformat
+
+    nbformat.write(clean_for_commit(nbformat.read(executed, as_version=4)), original)
