@@ -32,6 +32,12 @@ def fake_gpu(monkeypatch):
     return install
 
 
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """torch sees no CUDA GPU, whatever this machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 @pytest.fixture(scope="session")
 def side_python():
     """``side_python("verl", requirements, timeout)``: the Python of a side venv (``tests/side_venv.py``),

@@ -14,20 +14,6 @@ import torch
 from utils import runtime
 
 
-def fake_gpu(monkeypatch, name="Tesla T4", capability=(7, 5), total_gb=14.7):
-    """Make torch believe a CUDA GPU is present (the functions runtime.gpu_info reads)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: name)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda idx=None: types.SimpleNamespace(total_memory=int(total_gb * 2**30)))
-
-
-def no_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-
-
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
     """No platform markers, no Hub settings, an empty probe cache."""
@@ -68,30 +54,29 @@ def test_platform_autodl_dir(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------- device / dtype
-def test_cpu_policy(monkeypatch):
-    no_gpu(monkeypatch)
+def test_cpu_policy(monkeypatch, no_gpu):
     assert runtime.device() == "cpu"
     assert runtime.gpu_info() is None
     assert runtime.dtype_policy() == torch.float32
 
 
-def test_t4_policy(monkeypatch):
-    fake_gpu(monkeypatch, "Tesla T4", (7, 5), 14.7)
+def test_t4_policy(monkeypatch, fake_gpu):
+    fake_gpu("T4")
     info = runtime.gpu_info()
     assert info == {"name": "Tesla T4", "total_gb": 14.7, "capability": (7, 5), "bf16": False}
     assert runtime.device() == "cuda"
     assert runtime.dtype_policy() == torch.float16
 
 
-def test_a100_policy(monkeypatch):
-    fake_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0), 79.2)
+def test_a100_policy(monkeypatch, fake_gpu):
+    fake_gpu("A100")
     assert runtime.gpu_info()["bf16"] is True
     assert runtime.dtype_policy() == torch.bfloat16
     assert runtime.dtype_policy("cpu") == torch.float32
 
 
-def test_check_dtype_bf16_on_t4(monkeypatch):
-    fake_gpu(monkeypatch, "Tesla T4", (7, 5), 14.7)
+def test_check_dtype_bf16_on_t4(monkeypatch, fake_gpu):
+    fake_gpu("T4")
     with pytest.raises(ValueError) as err:
         runtime.check_dtype("bf16")
     msg = str(err.value)
@@ -100,21 +85,19 @@ def test_check_dtype_bf16_on_t4(monkeypatch):
     assert runtime.check_dtype(torch.float32) == torch.float32
 
 
-def test_check_dtype_bf16_on_a100(monkeypatch):
-    fake_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0), 79.2)
+def test_check_dtype_bf16_on_a100(monkeypatch, fake_gpu):
+    fake_gpu("A100")
     assert runtime.check_dtype("bfloat16") == torch.bfloat16
     assert runtime.check_dtype(torch.bfloat16, "cuda") == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", torch.float16, torch.bfloat16])
-def test_check_dtype_half_on_cpu(monkeypatch, dtype):
-    no_gpu(monkeypatch)
+def test_check_dtype_half_on_cpu(monkeypatch, dtype, no_gpu):
     with pytest.raises(ValueError, match="fp32"):
         runtime.check_dtype(dtype)
 
 
-def test_check_dtype_fp32_on_cpu_and_unknown_name(monkeypatch):
-    no_gpu(monkeypatch)
+def test_check_dtype_fp32_on_cpu_and_unknown_name(monkeypatch, no_gpu):
     assert runtime.check_dtype("fp32") == torch.float32
     with pytest.raises(ValueError, match="Unknown dtype"):
         runtime.check_dtype("int8")
@@ -243,8 +226,7 @@ def test_seed_everything():
     assert os.environ["PYTHONHASHSEED"] == "123"
 
 
-def test_peak_memory_and_describe(monkeypatch):
-    no_gpu(monkeypatch)
+def test_peak_memory_and_describe(monkeypatch, no_gpu):
     mem = runtime.peak_memory_mb()
     assert mem["process_rss_peak_mb"] > 10 and mem["gpu_peak_mb"] is None
     info = runtime.describe()
@@ -254,8 +236,7 @@ def test_peak_memory_and_describe(monkeypatch):
     json.dumps(info)
 
 
-def test_reset_peak_memory_starts_a_new_window(monkeypatch):
-    no_gpu(monkeypatch)
+def test_reset_peak_memory_starts_a_new_window(monkeypatch, no_gpu):
     big = bytearray(300 * 2**20)           # +300 MB resident
     big[::4096] = b"x" * len(big[::4096])  # touch every page
     high = runtime.peak_memory_mb()["process_rss_peak_mb"]
@@ -266,9 +247,9 @@ def test_reset_peak_memory_starts_a_new_window(monkeypatch):
     assert low < high - 200, (low, high)
 
 
-def test_hardware_names_the_gpu_or_the_cpu(monkeypatch):
-    fake_gpu(monkeypatch, name="NVIDIA GeForce RTX 4090", capability=(8, 9), total_gb=23.6)
+def test_hardware_names_the_gpu_or_the_cpu(monkeypatch, fake_gpu):
+    fake_gpu("RTX 4090")
     assert runtime.hardware() == "NVIDIA GeForce RTX 4090 (23.6 GB)"
-    no_gpu(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
     assert runtime.hardware() == "CPU (2 cores)"
