@@ -15,6 +15,7 @@ Both are marked ``lesson`` (``make test-fast`` deselects them).
 from __future__ import annotations
 
 import copy
+import re
 import tempfile
 import threading
 from collections import defaultdict
@@ -102,7 +103,7 @@ def pytest_collect_file(file_path, parent):
 @pytest.hookimpl(tryfirst=True)   # before -m selects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
-        if isinstance(item, ReplayedCell) or item.nodeid.split("::")[0].split("/")[-1].startswith("test_lesson"):
+        if isinstance(item, ReplayedCell) or re.fullmatch(r"test_lesson\d\d\.py", item.path.name):
             item.add_marker(pytest.mark.lesson)
 
 
