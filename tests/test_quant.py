@@ -1,9 +1,14 @@
 """Lesson 06's quantizers (utils/solutions/lesson06.py) and utils/quant.py: hand-computed values, and NF4 equal
 to bitsandbytes' quantize_4bit / dequantize_4bit."""
+import math
+
+import bitsandbytes.functional as bnbf
+import nbformat
 import pytest
 import torch
 
 from utils import quant
+from utils.constants import NOTEBOOKS_DIR
 from utils.solutions import lesson06 as l06
 
 
@@ -105,3 +110,30 @@ def test_double_quantized_scales_close_to_bitsandbytes():
     # both keep the scales to within 1 % of their value (ours: linear int8; theirs: 8-bit dynamic code)
     assert ((ours - plain.absmax).abs() / plain.absmax).max() < 0.01
     assert ((theirs - plain.absmax).abs() / plain.absmax).max() < 0.01
+
+
+def _nf4_check_cell() -> str:
+    lesson = nbformat.read(NOTEBOOKS_DIR / "06_quantization.ipynb", as_version=4)
+    (cell,) = [c for c in lesson.cells if c.get("id") == "afd9bb11"]
+    assert cell.source.startswith("# Graded check: NF4")
+    return cell.source
+
+
+def test_nf4_graded_check_rejects_an_answer_that_ignores_the_absmax():
+    """The graded check of lesson 06 fails an NF4 that never divides by (or multiplies back by) the
+    block absmax, and passes the reference answer."""
+    def no_scaling_quantize(x, blocksize=64, code=quant.NF4_CODE):
+        flat = x.float().reshape(-1)
+        flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % blocksize)])
+        absmax = flat.view(-1, blocksize).abs().amax(dim=1)
+        return (flat.reshape(-1, 1) - code).abs().argmin(dim=1).to(torch.uint8), absmax
+
+    def no_scaling_dequantize(codes, absmax, shape, blocksize=64, code=quant.NF4_CODE):
+        return code[codes.long()][:math.prod(shape)].reshape(shape)
+
+    env = {"torch": torch, "quant": quant, "bnbf": bnbf, "math": math}
+    exec(_nf4_check_cell(), dict(env, nf4_quantize=l06.nf4_quantize, nf4_dequantize=l06.nf4_dequantize))
+    with pytest.raises(AssertionError):
+        exec(_nf4_check_cell(), dict(env, nf4_quantize=no_scaling_quantize, nf4_dequantize=l06.nf4_dequantize))
+    with pytest.raises(AssertionError):
+        exec(_nf4_check_cell(), dict(env, nf4_quantize=l06.nf4_quantize, nf4_dequantize=no_scaling_dequantize))
