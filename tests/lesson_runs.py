@@ -26,6 +26,7 @@ import pytest
 from nbval.plugin import IPyNbCell, IPyNbFile, coalesce_streams, find_comment_markers, find_metadata_tags
 
 from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
+from utils.course.lessons import lesson_number
 from utils.records import read_records
 
 SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
@@ -116,7 +117,7 @@ class ReplayedNotebook(IPyNbFile):
         if not self.parent.config.option.nbval_sanitize_with:
             self.parent.config.option.nbval_sanitize_with = str(SANITIZE)
         self.setup_sanitize_files()
-        executed = nbformat.read(self.config._lesson_runs.notebook(self.path.name[:2]), as_version=4)
+        executed = nbformat.read(self.config._lesson_runs.notebook(lesson_number(self.path)), as_version=4)
         self.executed = {c.get("id"): c for c in executed.cells}
 
     def teardown(self):

@@ -28,8 +28,9 @@ from pathlib import Path
 import nbformat
 
 from ..constants import REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
-from .cells import LabError, grade_id, is_solution
+from .cells import LabError, exercise_of, is_solution
 from .labs import lab_text, lesson_paths
+from .lessons import lesson_number
 from .solutions import answer_source, module_name
 
 # What of utils/ a student needs: the lesson modules, the runner and the assets; no instructor tools.
@@ -73,15 +74,18 @@ def needed_answers(lab) -> list[tuple[str, str, list[str]]]:
     return needs
 
 
-def exercises_of(lesson_path: Path) -> dict[str, str]:
-    """``{function name: exercise id}`` for the functions a lesson's answer cells define."""
-    out = {}
+def _answer_functions(lesson_path: Path):
+    """``(answer cell, function node)`` for every function a lesson's answer cells define."""
     for cell in nbformat.read(lesson_path, as_version=4).cells:
         if is_solution(cell) and (tree := _parse(answer_source(cell))) is not None:
             for node in tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    out[node.name] = grade_id(cell).removesuffix("-answer")
-    return out
+                    yield cell, node
+
+
+def exercises_of(lesson_path: Path) -> dict[str, str]:
+    """``{function name: exercise id}`` for the functions a lesson's answer cells define."""
+    return {node.name: exercise_of(cell) for cell, node in _answer_functions(lesson_path)}
 
 
 # ----------------------------------------------------------------------------- finding an answer's body
@@ -142,14 +146,9 @@ def _statement_lists(tree: ast.AST):
 
 def answer_bodies(lesson_path: Path) -> dict[str, tuple[tuple[str, ...], str]]:
     """``{"lesson04.group_advantages": (shapes, fingerprint)}`` of the body of each of a lesson's answer functions."""
-    out = {}
-    for cell in nbformat.read(lesson_path, as_version=4).cells:
-        if is_solution(cell) and (tree := _parse(answer_source(cell))) is not None:
-            for node in tree.body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body(node.body):
-                    shapes = tuple(_shape(s) for s in _body(node.body))
-                    out[f"{module_name(lesson_path.stem)}.{node.name}"] = (shapes, fingerprint(node.body))
-    return out
+    return {f"{module_name(lesson_path.stem)}.{node.name}": (tuple(_shape(s) for s in _body(node.body)),
+                                                            fingerprint(node.body))
+            for _, node in _answer_functions(lesson_path) if _body(node.body)}
 
 
 def _sources(root: Path):
@@ -193,7 +192,7 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
     """(lessons whose labs go in, lessons withheld), checked for the dependencies; raises HandoutError."""
     withheld = lesson_paths(withhold) if withhold else []
     included = lesson_paths(labs) if labs else lesson_paths()
-    numbers = {p.stem[:2]: p for p in lesson_paths()}
+    numbers = {lesson_number(p): p for p in lesson_paths()}
     withheld_modules = {module_name(p.stem): p for p in withheld}
     problems, blocked = [], set()
     for lesson in included:
@@ -204,8 +203,9 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
                 exercises = exercises_of(source)
                 what = ", ".join(f"{n} (exercise {exercises.get(n, '?')})" for n in names) if names != ["*"] \
                     else "its answers"
+                number = lesson_number(source)
                 problems.append(f"lab {lesson.stem} ({where}) imports {what} from utils.solutions.{module}, "
-                                f"lesson {source.stem[:2]}'s answers, which --withhold {source.stem[:2]} leaves out")
+                                f"lesson {number}'s answers, which --withhold {number} leaves out")
                 blocked.add(lesson)
             elif module.startswith("lesson") and module[6:] not in numbers:
                 problems.append(f"lab {lesson.stem} ({where}) imports utils.solutions.{module}, which no lesson has")
@@ -217,7 +217,7 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
             if module in withheld_modules:
                 problems.append(f"utils/{rel.as_posix()} imports utils.solutions.{module}, which is withheld")
     if problems:
-        without = [p.stem[:2] for p in included if p not in blocked]
+        without = [lesson_number(p) for p in included if p not in blocked]
         raise HandoutError("this handout would need answers it withholds:\n  - " + "\n  - ".join(problems)
                            + "\nLeave those labs out (e.g. --labs " + " ".join(without) + "), or hand them out "
                            "once the answers they use may be seen (leave that lesson out of --withhold).")

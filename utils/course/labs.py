@@ -41,7 +41,7 @@ from .cells import (
     remove_hidden_tests,
     stub_solutions,
 )
-from .lessons import find_lessons
+from .lessons import find_lessons, lesson_number
 
 LAB_META_KEY = "course_lab"          # notebook metadata of a lab: {"lesson": "01", "name": ...}
 INSTRUCTIONS_ID = "lab-instructions"
@@ -79,7 +79,7 @@ def build_lab(lesson, name: str):
     lab = copy.deepcopy(lesson)
     lab.metadata = nbformat.from_dict({k: v for k, v in lesson.metadata.items()
                                        if k in ("kernelspec", "language_info")})
-    lab.metadata[LAB_META_KEY] = {"lesson": name[:2], "name": name}
+    lab.metadata[LAB_META_KEY] = {"lesson": lesson_number(name), "name": name}
     for i, cell in enumerate(lab.cells):
         _clean_cell(cell)
         where = f"{name}, cell {i + 1}"

@@ -31,7 +31,7 @@ def find_lessons(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
         if path.suffix == ".ipynb" and path.is_file():
             matches = [path.resolve()]
         elif sel.isdigit():
-            matches = [p for p in available if int(p.name[:2]) == int(sel)]
+            matches = [p for p in available if int(lesson_number(p)) == int(sel)]
         else:
             stem = sel.removesuffix(".ipynb")
             matches = [p for p in available if p.stem == stem] or [p for p in available if p.stem.startswith(stem)]
