@@ -207,6 +207,9 @@ def test_kl_to_reference_zero_for_identical_and_positive_after_a_change():
     torch.manual_seed(0)                # the same answers scored 3 rows at a time, each chunk cut to its columns
     assert dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24, forward_batch_size=3) == \
         pytest.approx(kl, rel=1e-5)
+    torch.manual_seed(0)                # per problem: their mean is the estimate
+    each = dpo.kl_to_reference(other, model, tok, problems, max_new_tokens=24, forward_batch_size=3, per_problem=True)
+    assert each.shape == (8,) and (each > 0).all() and each.mean().item() == pytest.approx(kl, rel=1e-5)
 
 
 def test_kl_to_reference_agrees_with_the_plain_monte_carlo_estimate():

@@ -12,14 +12,14 @@ def test_from_scratch_loss_matches_grpo_trainer(records):
 
 
 def test_naive_reward_is_gamed(records):
-    # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines
-    assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 0.1
-    assert records["04/hack_accuracy_after"] < 0.7 * records["04/hack_accuracy_before"]
-    assert records["04/hack_lines_per_answer_after"] > records["04/hack_lines_per_answer_before"] + 1
-    assert records["04/hack_characters_per_answer_after"] > 1.5 * records["04/hack_characters_per_answer_before"]
-    # more answers run out of tokens before their final line; how many differs between machines
-    # (0.0 and 0.725 after, from 0.9975, on two CPUs with the same seed), the fall does not
-    assert records["04/hack_format_compliance_after"] < records["04/hack_format_compliance_before"] - 0.1
+    # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines.
+    # With 20 hacking steps every seed ran (nearly) to the limit: seeds 0, 1, 2 -> naive reward 8.0,
+    # lines 79.7-80.0, accuracy 0.0-0.001, format compliance 0.0. (With 10 steps seed 1 only reached 3.7 lines.)
+    assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 3
+    assert records["04/hack_accuracy_after"] < 0.3 * records["04/hack_accuracy_before"]
+    assert records["04/hack_lines_per_answer_after"] > 40, "twenty steps take it most of the way to the limit"
+    assert records["04/hack_characters_per_answer_after"] > 2 * records["04/hack_characters_per_answer_before"]
+    assert records["04/hack_format_compliance_after"] < 0.3
 
 
 def test_grpo_run(records):
@@ -36,9 +36,14 @@ def test_grpo_run(records):
 def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
     # the SFT model mostly names the answer without working it out (it saw 60 % such answers);
     # GRPO, rewarded on the final number only, makes it work the problem out
+    # seeds 0, 1, 2: 0.886 -> 0.0, 0.946 -> 0.006, 0.99 -> 0.154
     assert records["04/sft_shortcut_share"] > 0.5
-    assert records["04/grpo_shortcut_share"] < 0.1
+    assert records["04/grpo_shortcut_share"] < 0.3 and records["04/grpo_shortcut_share"] < records["04/sft_shortcut_share"] - 0.5
 
 
 def test_larger_groups_carry_more_signal(records):
     assert records["04/zero_std_T1.0_G2"] > records["04/zero_std_T1.0_G8"] > records["04/zero_std_T1.0_G16"]
+    # "most silent groups are all wrong" (the line under the sweep, at the run's T = 1.0 and G = 8)
+    assert records["04/all_wrong_T1.0_G8"] > records["04/zero_std_T1.0_G8"] / 2
+    # lesson 05 recalls that in this run frac_reward_zero_std was "a large share of every batch": 0.57-0.65
+    assert records["04/frac_reward_zero_std_mean"] > 0.3

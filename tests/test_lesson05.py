@@ -43,9 +43,23 @@ def test_four_methods_ran_on_one_budget(records):
     # dynamic sampling trains on groups that had signal: fewer silent groups than plain GRPO
     assert 0 < records["05/dapo_zero_std"] < records["05/grpo_zero_std"]
     assert 0 < records["05/grpo_zero_std"] < 1
-    # the clip rarely binds for the token-level methods; RLOO's one ratio per sequence leaves it more often
+    # the clip rarely binds for the token-level methods ("a fraction of a percent": at most 0.21 % in seeds 0-2);
+    # RLOO's one ratio per sequence leaves it more often (2.5-3 %)
     token_level = max(records[f"05/{m}_clip_ratio"] for m in ("grpo", "dr_grpo", "dapo"))
-    assert token_level < 0.02 and records["05/rloo_clip_ratio"] > token_level
+    assert token_level < 0.006 and records["05/rloo_clip_ratio"] > 3 * token_level
+
+
+def test_mechanisms_barely_move_at_this_budget(records):
+    # the lesson's reading of the mechanisms table: entropy moves by less than two hundredths of a nat (largest
+    # change 0.008, 0.0105, 0.017 in seeds 0, 1, 2), and the wrong answers' length changes alike under GRPO and
+    # Dr. GRPO (-4.1/-3.6, -7.2/-7.5, -2.6/-2.8 tokens)
+    for m in METHODS:
+        assert abs(records[f"05/{m}_entropy_end"] - records[f"05/{m}_entropy_start"]) < 0.025
+    g, d = ((records[f"05/{m}_length_wrong_end"] - records[f"05/{m}_length_wrong_start"]) for m in ("grpo", "dr_grpo"))
+    assert abs(g - d) < 4 and abs(g) < 15 and abs(d) < 15
+    # the one large difference, fewer groups without signal, is DAPO's filter's doing
+    others = min(records[f"05/{m}_zero_std"] for m in ("grpo", "dr_grpo", "rloo"))
+    assert records["05/dapo_zero_std"] < others - 0.1     # 0.38 vs 0.68, 0.34 vs 0.70, 0.34 vs 0.50
 
 
 def test_methods_are_within_noise_as_the_lesson_says(records):

@@ -6,6 +6,9 @@ import contextlib
 import io
 import json
 import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -13,7 +16,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from utils.constants import REPO_ROOT
-from utils.course.lessons import clean_for_commit, find_lessons
+from utils.course.lessons import clean_for_commit, find_lessons, header_time, tiny_time
 from utils.course.run import INLINE_BACKEND, main
 from utils.records import read_records
 
@@ -24,7 +27,8 @@ def _lesson(path: Path, body: str, extra_params: str = "") -> None:
     """Write a fake lesson: a parameters cell, then ``body``."""
     params = new_code_cell('PRESET = "auto"\nSEED = 0\nOUTPUT_DIR = None' + extra_params)
     params.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[new_markdown_cell("# Fake lesson"), params, new_code_cell(body)])
+    header = "# Fake lesson\n\n| preset | time |\n| --- | --- |\n| `tiny` | typed by hand |"
+    nb = new_notebook(cells=[new_markdown_cell(header), params, new_code_cell(body)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
 
@@ -38,11 +42,15 @@ record("99/model", "fake-model")
 record("99/device", "cpu")
 record("99/accuracy", 0.5)
 record("99/loss", 2.25)
+record("99/wall_seconds", 88.4)
 record("99/resume", RESUME)
 record("99/output_dir", OUTPUT_DIR)
 record("99/cwd", os.getcwd())
 record("99/mplbackend", os.environ.get("MPLBACKEND"))
 record("99/tqdm_disable", os.environ.get("TQDM_DISABLE"))
+record("99/hash_of_a_string", hash("post-training"))
+import torch
+record("99/cpu_capability", torch.backends.cpu.get_cpu_capability())
 import matplotlib.pyplot as plt
 plt.plot([0, 1], [1, 0]); plt.title("a figure")
 plt.show()"""
@@ -114,6 +122,14 @@ def test_records_parameters_and_environment(full_run):
     assert Path(rec["99/cwd"]) == full_run["nb_dir"].resolve()
     assert rec["99/mplbackend"] == INLINE_BACKEND
     assert rec["99/tqdm_disable"] == os.environ.get("TQDM_DISABLE", "1")
+    # a seeded run gives the same records on every machine: a fixed hash seed, and on x86-64 torch's CPU
+    # kernels pinned to AVX2 (an AVX-512 machine would otherwise take other code paths)
+    hash_seed = os.environ.get("PYTHONHASHSEED", "0")
+    expected = subprocess.run([sys.executable, "-c", 'print(hash("post-training"))'], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed}, check=True).stdout.strip()
+    assert rec["99/hash_of_a_string"] == int(expected)
+    if platform.machine().lower() in ("x86_64", "amd64") and "ATEN_CPU_CAPABILITY" not in os.environ:
+        assert rec["99/cpu_capability"] in ("AVX2", "DEFAULT")  # DEFAULT: a CPU without AVX2
     assert fine["wall_s"] > 0
     # figures are embedded in the executed notebook
     fine_nb = nbformat.read(out / "02_fine.ipynb", as_version=4)
@@ -164,6 +180,14 @@ def test_inplace_writes_cleaned_notebook_unless_the_lesson_failed(inplace_run):
     assert nb.cells[2].execution_count is not None
     assert "OUTPUT_DIR = None" in nb.cells[1].source  # the lesson's own parameters cell is kept as is
     assert str(nb_dir.parent) not in "".join(c.source for c in nb.cells)  # no machine paths injected
+    # the header's time is the run's measured wall time, not typed in
+    assert header_time(nb) == "1 min 28 s when `make notebooks` last ran it on this machine; more on a slower machine"
+
+
+@pytest.mark.parametrize("lesson", find_lessons(), ids=lambda p: p.stem)
+def test_committed_lesson_header_states_its_measured_time(lesson):
+    nb = nbformat.read(lesson, as_version=4)
+    assert header_time(nb) == tiny_time(read_records(nb)), "re-execute with `make notebooks`, which writes it"
 
 
 def test_inplace_refuses_gpu_presets_and_unknown_lessons_exit_2(tmp_path):

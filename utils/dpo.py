@@ -128,7 +128,7 @@ def sample_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 9
 
 @torch.no_grad()
 def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_tokens: int = 96,
-                    batch_size: int = 64, forward_batch_size: int = 16) -> float:
+                    batch_size: int = 64, forward_batch_size: int = 16, per_problem: bool = False):
     """Estimate of the sequence-level KL(pi || pi_ref) on chat prompts, in nats per answer.
 
     One answer y per problem is sampled from ``model`` at temperature 1 with no top-k/top-p (a
@@ -139,12 +139,14 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
     By the chain rule its expectation over y ~ pi is KL(pi(.|x) || pi_ref(.|x)), the same as the
     plain Monte-Carlo estimate ``log pi(y|x) - log pi_ref(y|x)``, with far less variance (and never
     negative). ``batch_size`` answers are sampled at a time and scored ``forward_batch_size`` at a
-    time. Returns the mean over problems (a float).
+    time. Returns the mean over problems (a float), or with ``per_problem=True`` the (P,) float32 tensor of
+    the per-problem estimates, whose mean is that float and whose standard error says how precisely the
+    evaluation pinned it down (taught in lesson 03, section 8).
     """
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
     was_training = model.training
     model.eval()
-    total = 0.0
+    total, each = 0.0, torch.zeros(len(prompts))
     try:
         for i in range(0, len(prompts), batch_size):
             batch = sample_answers(model, tokenizer, prompts[i:i + batch_size], max_new_tokens)
@@ -157,10 +159,12 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
                 logp, logq = (torch.log_softmax(m(**inputs, use_cache=False).logits[:, :-1].float(), dim=-1)
                               for m in (model, ref_model))
                 kl_t = (logp.exp() * (logp - logq)).sum(-1)  # (n, T-1): KL of the distributions that drew tokens 1..T-1
-                total += (kl_t * part["completion_mask"][:, 1:]).sum().item()
+                kl_seq = (kl_t * part["completion_mask"][:, 1:]).sum(1)
+                total += kl_seq.sum().item()
+                each[i + idx] = kl_seq.float().cpu()
     finally:
         model.train(was_training)
-    return total / len(prompts)
+    return each if per_problem else total / len(prompts)
 
 
 # ----------------------------------------------------------------------------- on-policy pairs

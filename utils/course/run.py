@@ -31,6 +31,7 @@ import contextlib
 import gc
 import logging
 import os
+import platform
 import sys
 import threading
 import time
@@ -45,7 +46,13 @@ from .summary import describe_error, summarize, write_bench
 # windows, and Agg (the Makefile's default for plain Python) would drop the figures.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KERNEL_ENV = {"MPLBACKEND": INLINE_BACKEND, "TOKENIZERS_PARALLELISM": "false"}
-KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1"}  # set unless the user already set them
+KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": "0"}  # set unless the user already set them
+# The same seed gave different records on two x86 CPUs (lesson 04's reward-hacking run ended at format
+# compliance 0.0 on one and 0.725 on the other): torch picks its vector kernels (ATen), MKL and oneDNN their
+# code paths by the CPU's instruction set, AVX-512 where there is one, and a chaotic run amplifies the
+# last-bit differences. Pinned to AVX2, which every x86-64 CPU of the last decade has, an AVX-512 machine
+# reproduces an AVX2 machine's records exactly, at no measured cost on the tiny preset.
+X86_KERNEL_ENV_DEFAULTS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 RSS_SAMPLE_S = 0.2
 
 log = logging.getLogger("utils.course.run")
@@ -54,10 +61,15 @@ log = logging.getLogger("utils.course.run")
 # ----------------------------------------------------------------------------- execution helpers
 @contextlib.contextmanager
 def kernel_env():
-    """Set the environment the kernel inherits (progress bars off, inline figures); restore it after."""
+    """Set the environment the kernel inherits (progress bars off, inline figures, a fixed hash seed and, on
+    x86-64, CPU kernels pinned to AVX2 so that a seeded run gives the same records on every machine);
+    restore it after."""
     saved = dict(os.environ)
     os.environ.update(KERNEL_ENV)
-    for key, value in KERNEL_ENV_DEFAULTS.items():
+    defaults = dict(KERNEL_ENV_DEFAULTS)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        defaults.update(X86_KERNEL_ENV_DEFAULTS)
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
     try:
         yield

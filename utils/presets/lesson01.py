@@ -14,7 +14,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "grad_accum":             (1,     4,      2,      4),       # effective batch 32 on the GPU tiers
     "learning_rate":          (3e-3,  2e-4,   2e-4,   1e-4),    # full fine-tune (tiny) / LoRA (GPU tiers)
     "full_finetune":          (True,  False,  False,  False),   # fp32 AdamW needs ~16 B/parameter: LoRA on GPUs
-    "lora_learning_rate":     (1e-2,  2e-4,   2e-4,   1e-4),    # adapters start at zero: larger steps
+    "lora_learning_rate":     (1e-2,  2e-4,   2e-4,   1e-4),    # adapters: larger steps (an empirical rule)
     "max_steps":              (60,    500,    500,    500),     # ~2 epochs of GSM8K train on the GPU tiers
     "warmup_ratio":           (0.05,  0.03,   0.03,   0.03),
     "lora_r":                 (16,    16,     32,     32),

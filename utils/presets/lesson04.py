@@ -35,7 +35,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "logging_steps":          (1,     5,      5,      5),
     "use_vllm":               (False, False,  False,  False),   # vLLM is not pinned: pip install vllm, USE_VLLM=True
     "decode_rollout":         (True,  False,  False,  False),   # tiny: rl.decode_rollout samples (TRL's rollout_func)
-    "hack_steps":             (10,    30,     30,     30),      # the reward-hacking run
+    "hack_steps":             (20,    30,     30,     30),      # the reward-hacking run
     "hack_learning_rate":     (4.5e-3, 5e-5,  5e-5,   5e-5),    # 4.5x / 5x the real run: the exploit shows quickly
     "sampled_eval_prompts":   (100,   200,    200,    200),     # held-out prompts for pass@k
     "sweep_prompts":          (32,    64,     64,     64),      # the num_generations x temperature sweep
