@@ -139,14 +139,14 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
     By the chain rule its expectation over y ~ pi is KL(pi(.|x) || pi_ref(.|x)), the same as the
     plain Monte-Carlo estimate ``log pi(y|x) - log pi_ref(y|x)``, with far less variance (and never
     negative). ``batch_size`` answers are sampled at a time and scored ``forward_batch_size`` at a
-    time. Returns the mean over problems (a float), or with ``per_problem=True`` the (P,) float32 tensor of
+    time. Returns the mean over problems (a float), or with ``per_problem=True`` the (P,) float64 tensor of
     the per-problem estimates, whose mean is that float and whose standard error says how precisely the
     evaluation pinned it down (taught in lesson 03, section 8).
     """
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
     was_training = model.training
     model.eval()
-    total, each = 0.0, torch.zeros(len(prompts))
+    each = torch.zeros(len(prompts), dtype=torch.float64)
     try:
         for i in range(0, len(prompts), batch_size):
             batch = sample_answers(model, tokenizer, prompts[i:i + batch_size], max_new_tokens)
@@ -159,12 +159,10 @@ def kl_to_reference(model, ref_model, tokenizer, problems: list[dict], max_new_t
                 logp, logq = (torch.log_softmax(m(**inputs, use_cache=False).logits[:, :-1].float(), dim=-1)
                               for m in (model, ref_model))
                 kl_t = (logp.exp() * (logp - logq)).sum(-1)  # (n, T-1): KL of the distributions that drew tokens 1..T-1
-                kl_seq = (kl_t * part["completion_mask"][:, 1:]).sum(1)
-                total += kl_seq.sum().item()
-                each[i + idx] = kl_seq.float().cpu()
+                each[i + idx] = (kl_t * part["completion_mask"][:, 1:]).sum(1).double().cpu()
     finally:
         model.train(was_training)
-    return each if per_problem else total / len(prompts)
+    return each if per_problem else each.mean().item()
 
 
 # ----------------------------------------------------------------------------- on-policy pairs

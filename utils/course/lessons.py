@@ -109,7 +109,7 @@ def tiny_time(records: dict) -> str:
     """The header's time column for ``tiny``, from a run's records: its measured ``NN/wall_seconds``.
 
     Example: "1 min 28 s when `make notebooks` last ran it on CPU (2 cores); more on a slower machine".
-    Raises KeyError when the run recorded no wall time.
+    Raises ValueError when the run recorded no wall time.
     """
     (wall,) = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds"]
     hardware = meta_of(records)["hardware"] or "this machine"
@@ -118,37 +118,30 @@ def tiny_time(records: dict) -> str:
     return f"{took} when `make notebooks` last ran it on {hardware}; more on a slower machine"
 
 
-def header_time(nb) -> str:
-    """The time column of the ``tiny`` row in the header (the first markdown cell) of a lesson."""
-    return _tiny_row(nb)[1].rsplit("|", 2)[1].strip()
-
-
-def set_header_time(nb, records: dict) -> None:
-    """Write :func:`tiny_time` of ``records`` into the header's ``tiny`` row of ``nb`` (in place)."""
-    cell, row = _tiny_row(nb)
-    head, _, _ = row.rsplit("|", 2)
-    src = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-    cell.source = src.replace(row, f"{head}| {tiny_time(records)} |", 1)
-
-
 def _tiny_row(nb):
-    cell = next(c for c in nb.cells if c.cell_type == "markdown")
-    src = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-    rows = [line for line in src.splitlines() if line.startswith(TINY_ROW)]
-    if len(rows) != 1:
-        raise ValueError(f"the lesson's header (its first markdown cell) needs one table row starting {TINY_ROW!r}, "
-                         f"found {len(rows)}")
-    return cell, rows[0]
+    """(the header cell -- the first markdown cell -- and its ``tiny`` row, or None when it has none)."""
+    cell = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    rows = [line for line in (cell.source if cell else "").splitlines() if line.startswith(TINY_ROW)]
+    if len(rows) > 1:
+        raise ValueError(f"the lesson's header has {len(rows)} table rows starting {TINY_ROW!r}; it needs one")
+    return cell, rows[0] if rows else None
+
+
+def header_time(nb) -> str:
+    """The time column of the ``tiny`` row in the header of a lesson (an nbformat notebook)."""
+    row = _tiny_row(nb)[1]
+    if row is None:
+        raise ValueError(f"the lesson's header (its first markdown cell) has no table row starting {TINY_ROW!r}")
+    return row.rsplit("|", 2)[1].strip()
 
 
 def write_back(executed: Path, original: Path) -> None:
     """Clean the executed notebook and write it over the committed lesson ``original``, with the header's
-    ``tiny`` time set from the run's measured wall time (when the lesson has that row and records it)."""
+    ``tiny`` time set from the run's measured wall time (when the lesson's header has that row)."""
     import nbformat
 
     nb = clean_for_commit(nbformat.read(executed, as_version=4))
-    records = read_records(nb)
-    header = next((c for c in nb.cells if c.cell_type == "markdown"), None)
-    if header is not None and TINY_ROW in header.source and any(k.endswith("/wall_seconds") for k in records):
-        set_header_time(nb, records)
+    cell, row = _tiny_row(nb)
+    if row is not None:
+        cell.source = cell.source.replace(row, f"{row.rsplit('|', 2)[0]}| {tiny_time(read_records(nb))} |", 1)
     nbformat.write(nb, original)

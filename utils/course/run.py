@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..constants import ERROR_CELL_TAG, INJECTED_TAG, LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT
+from ..constants import ERROR_CELL_TAG, INJECTED_TAG, LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
 from .lessons import find_lessons, meta_of, write_back
 from .summary import describe_error, summarize, write_bench
 
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    out_dir = Path(args.out) if args.out else REPO_ROOT / "runs" / preset
+    out_dir = Path(args.out) if args.out else RUNS_DIR / preset
     out_dir.mkdir(parents=True, exist_ok=True)
     results, interrupted = [], False
     with log_to(out_dir / "run.log"):

@@ -36,11 +36,9 @@ from pathlib import Path
 import torch
 
 from .. import presets, runtime
-from ..constants import TINY_MODEL_DIR, TWIN_MEASUREMENTS
+from ..constants import TINY_MODEL_DIR
 from ..presets import measured
 from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
-
-MEASUREMENTS_FILE = TWIN_MEASUREMENTS
 
 # config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
 ARCHITECTURES: dict[str, dict] = {
