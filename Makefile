@@ -11,7 +11,7 @@ export TQDM_DISABLE ?= 1
 export MPLBACKEND ?= Agg
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-fast lint notebooks labs handout bench bench-grade tiny-model clean help
+.PHONY: setup sandbox-tool run test test-fast lint notebooks labs handout bench bench-grade tiny-model clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -19,7 +19,7 @@ help:
 	@echo "make test       unit tests + every lesson executed once (papermill), its records and nbval regression"
 	@echo "make test-fast  everything that does not execute a whole lesson (a few minutes)"
 	@echo "make lint       ruff over utils/, tests/ and the lessons"
-	@echo "make setup      create $(VENV) and install the pinned requirements"
+	@echo "make setup      create $(VENV) and install the pinned requirements (and bubblewrap, the grader's sandbox)"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
 	@echo "make labs       rebuild the student editions in labs/ and the answers in utils/solutions/ from notebooks/"
 	@echo "make handout OUT=../week4 WITHHOLD='04' [LABS='01 02 03 04']  a student repository without those answers"
@@ -34,16 +34,28 @@ $(STAMP): requirements.txt
 		{ tail -n 30 $(VENV)/install.log; echo "pip install failed; full log in $(VENV)/install.log"; exit 1; }
 	@touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-tool
+
+# The grader's sandbox, bubblewrap (`bwrap`): installed on Linux where it is missing and apt-get can
+# be used (as root, or with sudo that asks no password); its tests fail, never skip, without it.
+sandbox-tool:
+	@[ "$$(uname -s)" != Linux ] || command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$SUDO" != none ]; then \
+	    echo "Installing bubblewrap (the grader's sandbox) ..."; \
+	    $$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	      { $$SUDO apt-get update -qq >/dev/null 2>&1 && $$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || \
+	      echo "apt-get could not install bubblewrap: the grader needs it (or --no-sandbox)"; \
+	  else echo "bubblewrap (bwrap) is missing: install it to grade in a sandbox (e.g. sudo apt-get install bubblewrap)"; fi; }
 
 run: $(STAMP)
 	$(PY) -m utils run $(LESSONS) --preset $(PRESET)
 
 # Each lesson runs once (tests/lesson_runs.py) for its record tests and the nbval comparison of notebooks/.
-test: $(STAMP)
+test: $(STAMP) sandbox-tool
 	$(PY) -m pytest tests notebooks
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) sandbox-tool
 	$(PY) -m pytest tests -m "not lesson"
 
 lint: $(STAMP)
@@ -62,7 +74,7 @@ handout: $(STAMP)
 	@test -n "$(OUT)" || { echo "usage: make handout OUT=<folder outside the repository> WITHHOLD='04 05' [LABS='01 02 03 04']"; exit 2; }
 	$(PY) -m utils handout --out $(OUT) --withhold $(WITHHOLD) $(if $(LABS),--labs $(LABS),)
 
-bench-grade: $(STAMP)
+bench-grade: $(STAMP) sandbox-tool
 	rm -rf bench/submissions-01 bench/grades-01
 	$(PY) -m tests.grading_fixtures bench/submissions-01 --count 30
 	$(PY) -m utils grade bench/submissions-01 --lab 01 --out bench/grades-01

@@ -118,3 +118,9 @@ def test_usage_errors(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
     assert grade.main([str(tmp_path), "--lab", "42"]) == 2
     assert "Available lessons" in capsys.readouterr().err
+
+
+def test_every_student_gets_a_feedback_file_of_their_own():
+    subs = [{"student": s} for s in ("名字", "张伟", "a b", "a_b", "A_B", "../etc", "")]
+    grade._unique_safe_names(subs)
+    assert [s["safe"] for s in subs] == ["名字", "张伟", "a_b", "a_b-2", "A_B-3", "_etc", "student"]

@@ -3,6 +3,7 @@
 Usage (from the repository root)::
 
     python -m utils grade SUBMISSIONS_DIR --lab 01 [--out DIR] [--jobs 2] [--timeout 180] [--cell-timeout 30]
+                          [--memory 2] [--no-sandbox]
 
 ``SUBMISSIONS_DIR`` holds one notebook per student, either as ``<student>.ipynb`` or as
 ``<student>/<anything>.ipynb`` (an LMS export). For each submission:
@@ -23,9 +24,13 @@ Usage (from the repository root)::
    ``feedback/<student>.md`` with ``feedback/<student>/figure-N.png``.
 
 A broken submission (invalid JSON, missing cells, a syntax error, an infinite loop, a kernel
-crash, a renamed file, the wrong lab) gets a row with flags saying what happened and never stops
-the batch. Submissions are only read, never written. The grader runs the students' code: run it
-as a user (or in a container) that can reach nothing you would not hand a student.
+crash, a renamed file, a symbolic link, the wrong lab) gets a row with flags saying what happened
+and never stops the batch. Submissions are only read, never written, never followed as links.
+
+Every run of a student's code is confined to a bubblewrap sandbox of its own (``sandbox``: the
+course read-only, a scratch folder, no network, no secrets, memory/process/file limits, every
+process killed with it). Without one the grader refuses, unless ``--no-sandbox`` is given: then
+every row, and the summary, is flagged ``unsandboxed``.
 
 Exit status: 0 when the batch was graded (whatever the grades), 2 for a usage error.
 """
@@ -38,6 +43,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -49,16 +55,24 @@ import nbformat
 
 from ..constants import META_KEYS
 from ..records import read_records
-from . import labs
+from . import labs, sandbox
 from .cells import LabError, grade_id, is_grade
 from .grading import CELL_TIMEOUT_S, MAX_ATTEMPTS, NOTEBOOK_TIMEOUT_S, execute, grading_notebook
-from .lessons import meta_of
+from .lessons import lesson_number, meta_of
+
+MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
+STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a kernel crash",
+              "memory-limit": "the memory limit", "process-limit": "the process limit",
+              "scratch-full": "the scratch size limit"}
 
 
 # ----------------------------------------------------------------------------- one submission
 def _load(path: Path):
     """(notebook, None) or (None, reason) for a file that is not a readable v4 notebook."""
     try:
+        size = path.stat().st_size
+        if size > MAX_SUBMISSION_BYTES:
+            return None, f"{size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a lab can be"
         raw = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:
         return None, "not a text file"
@@ -77,23 +91,26 @@ def _load(path: Path):
 
 
 def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S,
-                   cell_timeout: int = CELL_TIMEOUT_S) -> dict:
+                   cell_timeout: int = CELL_TIMEOUT_S, box: sandbox.Sandbox | None = None,
+                   lesson_no: str | None = None) -> dict:
     """Grade one loaded submission: integrity, implementation (with retries), self-reported results.
 
     When a run is killed (notebook time limit) or its kernel dies, the cell that was running is
     set aside -- an answer cell is replaced by its stub, a check is failed with the reason -- and
-    the notebook runs again, at most MAX_ATTEMPTS times.
+    the notebook runs again, at most MAX_ATTEMPTS times. With ``box`` every run is confined to that
+    sandbox (``lesson_no``, e.g. "05", says which earlier lessons' solutions it may import).
     """
     gnb, integrity = grading_notebook(lesson, nb, lab)
     lab_cells = {grade_id(c): c for c in lab.cells if grade_id(c)}
     killed, notes, run = {}, [], None
     for attempt in range(MAX_ATTEMPTS):
-        run = execute(gnb, workdir / f"attempt{attempt + 1}", timeout, cell_timeout)
+        run = execute(gnb, workdir / f"attempt{attempt + 1}", timeout, cell_timeout, sandbox=box,
+                      lesson=lesson_no)
         if run["status"] in ("ok", "error") or run["running"] is None:
             break
         cell = gnb.cells[run["running"]]
         role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
-        why = "the notebook time limit" if run["status"] == "timeout" else "a kernel crash"
+        why = STOPPED_BY.get(run["status"], "a kernel crash")
         if role == "answer":
             notes.append(f"answer cell {gid} stopped the run ({why}); it was replaced by the stub and the rest re-run")
             integrity.append({"flag": run["status"], "grade_id": gid, "detail": f"answer cell hit {why}"})
@@ -154,32 +171,59 @@ def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith(".") or entry.name in skip or (exclude and entry.resolve() == exclude.resolve()):
             continue
-        if entry.is_file():
-            student = entry.name[: -len(".ipynb")] if entry.name.endswith(".ipynb") else entry.name.split(".")[0]
+        student = entry.name[: -len(".ipynb")] if entry.name.endswith(".ipynb") else entry.name.split(".")[0]
+        if entry.is_symlink():  # never followed: it could point at the lesson (the answers) or anywhere
+            subs.append({"student": student, "path": None, "flags": ["symlink"],
+                         "detail": "a symbolic link, not a file: not graded (hand in the notebook itself)"})
+        elif entry.is_file():
             flags = [] if entry.suffix == ".ipynb" else ["renamed"]
             subs.append({"student": student, "path": entry, "flags": flags,
                          "detail": "" if not flags else f"file {entry.name!r} is not named .ipynb"})
         elif entry.is_dir():
-            files = sorted(p for p in entry.rglob("*") if p.is_file() and not any(
-                part.startswith(".") or part in skip for part in p.relative_to(entry).parts))
+            files, links = _folder_files(entry, skip)
             notebooks = [p for p in files if p.suffix == ".ipynb"]
             exact = [p for p in notebooks if p.name == f"{lab_name}.ipynb"]
-            chosen, flags, detail = None, [], ""
+            chosen, flags, details = None, [], []
             if exact:
                 chosen = exact[0]
             elif notebooks or files:
                 candidates = notebooks or files
                 chosen = candidates[0]
                 flags.append("renamed")
-                detail = f"expected {lab_name}.ipynb, graded {chosen.relative_to(entry)}"
+                details.append(f"expected {lab_name}.ipynb, graded {chosen.relative_to(entry)}"
+                               + (f" (first of {len(candidates)})" if len(candidates) > 1 else ""))
                 if len(candidates) > 1:
                     flags.append("several-notebooks")
-                    detail += f" (first of {len(candidates)})"
             else:
                 flags.append("no-notebook")
-                detail = "empty folder"
-            subs.append({"student": entry.name, "path": chosen, "flags": flags, "detail": detail})
+                details.append("no notebook in the folder")
+            if links:
+                flags.append("symlink")
+                details.append(f"{len(links)} symbolic link(s) in the folder ignored")
+            subs.append({"student": entry.name, "path": chosen, "flags": flags, "detail": "; ".join(details)})
+        else:
+            subs.append({"student": student, "path": None, "flags": ["not-a-file"],
+                         "detail": "not a regular file or folder: not graded"})
     return subs
+
+
+def _folder_files(folder: Path, skip: set) -> tuple[list[Path], list[Path]]:
+    """(regular files, symbolic links) under a student's folder, hidden ones skipped, links not followed."""
+    files, links = [], []
+    for root, dirs, names in os.walk(folder):
+        for d in [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            links.append(Path(root, d))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip
+                         and not os.path.islink(os.path.join(root, d)))
+        for name in names:
+            path = Path(root, name)
+            if name.startswith("."):
+                continue
+            if path.is_symlink():
+                links.append(path)
+            elif path.is_file():
+                files.append(path)
+    return sorted(files), links
 
 
 # ----------------------------------------------------------------------------- feedback and the CSV
@@ -238,10 +282,31 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     return "\n".join(lines).rstrip() + "\n"
 
 
-def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int) -> dict:
-    """Grade one submission and write its feedback; returns its CSV row (never raises)."""
+def safe_name(student: str) -> str:
+    """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``."""
+    return re.sub(r"[^\w.-]+", "_", student).strip(".") or "student"
+
+
+def _unique_safe_names(subs: list[dict]) -> None:
+    """Give each submission its own ``safe`` name (``-2``, ``-3`` ... on a clash, case ignored)."""
+    taken = set()
+    for sub in subs:
+        base = name = safe_name(sub["student"])
+        k = 1
+        while name.casefold() in taken:
+            k += 1
+            name = f"{base}-{k}"
+        taken.add(name.casefold())
+        sub["safe"] = name
+
+
+def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
+              box: sandbox.Sandbox | None = None) -> dict:
+    """Grade one submission and write its feedback; returns its CSV row (never raises).
+
+    Its runs' scratch folders (under ``tmp``) are removed once it is graded."""
     student = sub["student"]
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", student) or "student"
+    safe = sub.get("safe") or safe_name(student)
     row = {"student": student, "lab": lab_name,
            "file": str(sub["path"].relative_to(sub["root"])) if sub.get("path") else ""}
     sub["file"] = row["file"]
@@ -255,7 +320,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
                 for c in lesson.cells if is_grade(c)}}
         else:
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
-            result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout)
+            result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box, lesson_number(lab_name))
             if theirs and theirs != lab_name:
                 result["wrong-lab"] = theirs
             records, figures, problems = self_reported(nb)
@@ -268,12 +333,13 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
         result = {**result, "grader-error": f"{type(e).__name__}: {e}"}
         result.setdefault("notes", []).append(f"the grader failed on this submission ({type(e).__name__}: {e}); "
                                               "grade it by hand")
+    shutil.rmtree(tmp / safe, ignore_errors=True)
     checks = result.get("checks", {})
     for gid, c in checks.items():
         row[gid] = c["points"]
     row["total"] = sum(c["points"] for c in checks.values())
     row["max"] = sum(c["max_points"] for c in checks.values())
-    row["flags"] = " ".join(_flags(sub, result))
+    row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
     (out / "feedback").mkdir(parents=True, exist_ok=True)
@@ -295,9 +361,16 @@ def write_csv(rows: list[dict], columns: list[str], path: Path) -> None:
 
 
 def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEBOOK_TIMEOUT_S,
-                 cell_timeout: int = CELL_TIMEOUT_S, progress=print) -> list[dict]:
-    """Grade every submission in ``folder`` against lab ``lab`` ("01", a name, or a lesson path)."""
+                 cell_timeout: int = CELL_TIMEOUT_S, progress=print, box: sandbox.Sandbox | None | bool = True
+                 ) -> list[dict]:
+    """Grade every submission in ``folder`` against lab ``lab`` ("01", a name, or a lesson path).
+
+    ``box``: True finds this machine's sandbox (:func:`sandbox.find`, which raises
+    :class:`sandbox.SandboxUnavailable` when there is none), a :class:`sandbox.Sandbox` is used as
+    it is, and False or None grades unsandboxed: every row is then flagged ``unsandboxed``.
+    """
     folder = Path(folder)
+    box = sandbox.find() if box is True else (box or None)
     if not folder.is_dir():
         raise FileNotFoundError(f"no such folder of submissions: {folder}")
     lesson_path = labs.lesson_paths([lab])[0]
@@ -307,17 +380,20 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     out = Path(out) if out else folder.with_name(folder.name + "-grades")
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
+    _unique_safe_names(subs)
     check_ids = [grade_id(c) for c in lesson.cells if is_grade(c)]
     columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *META_KEYS]
     rows, lock = [], threading.Lock()
     csv_path = out / "grades.csv"
     write_csv(rows, columns, csv_path)
     progress(f"grading {len(subs)} submission(s) of {lab_name} from {folder} ({jobs} at a time) ...")
+    progress(f"sandbox: bubblewrap; {box.describe()}" if box else
+             "UNSANDBOXED (--no-sandbox): the students' code runs with your rights; every row is flagged")
 
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         def work(sub):
             t = time.perf_counter()
-            row = grade_one(sub, lesson, lab_nb, lab_name, out, Path(tmp), timeout, cell_timeout)
+            row = grade_one(sub, lesson, lab_nb, lab_name, out, Path(tmp), timeout, cell_timeout, box)
             with lock:
                 rows.append(row)
                 write_csv(rows, columns, csv_path)
@@ -327,7 +403,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             list(pool.map(work, subs))
-    progress(f"wrote {csv_path} and {out / 'feedback'}/")
+    progress(f"wrote {csv_path} and {out / 'feedback'}/" + ("" if box else " (UNSANDBOXED)"))
     return sorted(rows, key=lambda r: r["student"])
 
 
@@ -340,14 +416,25 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=NOTEBOOK_TIMEOUT_S, help="seconds per notebook run")
     parser.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S,
                         help="seconds per cell before it is interrupted")
+    parser.add_argument("--memory", type=float, default=sandbox.DEFAULT_MEMORY_GIB,
+                        help="GiB of memory per submission (the sandbox's limit)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="grade without the sandbox (the students' code runs with your rights); every row is "
+                             "flagged `unsandboxed`")
     args = parser.parse_args(argv)
     try:
         t = time.perf_counter()
-        rows = grade_folder(args.submissions, args.lab, args.out, args.jobs, args.timeout, args.cell_timeout)
+        box = None if args.no_sandbox else sandbox.find(sandbox.Limits(memory=int(args.memory * sandbox.GiB)))
+        rows = grade_folder(args.submissions, args.lab, args.out, args.jobs, args.timeout, args.cell_timeout,
+                            box=box)
+    except sandbox.SandboxUnavailable as e:
+        print(f"error: no sandbox: {e}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, LookupError, LabError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(rows)} submission(s) graded in {time.perf_counter() - t:.1f} s")
+    print(f"{len(rows)} submission(s) graded in {time.perf_counter() - t:.1f} s"
+          + ("" if box else "; UNSANDBOXED: every row is flagged"))
     return 0
 
 

