@@ -82,6 +82,30 @@ for i in range(5000):  # 8 MiB files until something stops it (40 GB)
     except OSError:
         pass
 """),
+    "forger": (MASK, "after", """
+import json, os, signal
+nb = json.load(open("/scratch/grading.ipynb"))
+for i, cell in enumerate(nb["cells"]):
+    cell["execution_count"], cell["outputs"] = i + 1, []
+    if "nbgrader" in cell["metadata"]:
+        cell["metadata"]["nbgrader"]["points"] = 1000
+json.dump(nb, open("/scratch/executed.ipynb", "w"))
+json.dump({{"status": "ok", "detail": ""}}, open("/scratch/status.json", "w"))
+os.kill(os.getppid(), signal.SIGKILL)  # the papermill worker: nothing overwrites the forgery
+"""),
+    "deeptree": (MASK, "after", """
+import os
+os.chdir("/scratch")
+for _ in range(5000):
+    os.mkdir("d")
+    os.chdir("d")
+os.chdir("/scratch")
+"""),
+    "dirflood": (MASK, "before", """
+import os
+for i in range(10**7):
+    os.mkdir(f"/tmp/{{i}}")
+"""),
     "solutions": (MASK, "replace", "from utils.solutions.lesson01 import *  # the reference answers\n"),
     "solutions2": (COLLATE, "replace", "from utils.solutions.lesson01 import collate\n"),
     "sybil": (MASK, "after", """
@@ -125,7 +149,8 @@ def causal_lm_loss(logits, labels):
     "stdin": (MASK, "before", "input('type the answer: ')\n"),
     "chatty": (MASK, "after", "print('x' * (50 * 2**20))\n"),
 }
-CHEATS = {"solutions": 5, "solutions2": 6, "always_equal": 6, "patched_abs": 5, "forged_cell": 8}  # most points earned
+CHEATS = {"solutions": 5, "solutions2": 6, "always_equal": 6, "patched_abs": 5, "forged_cell": 8,
+          "forger": 0}  # the most points each may earn
 
 
 def hostile_submission(student, fill):
@@ -241,7 +266,7 @@ def test_every_file_has_a_row_and_the_honest_students_full_marks(attacked):
     rows = attacked["rows"]
     expected = {*HOSTILE, "alice", "名字", "forged_cell", "oldformat", "huge", "mallory", "oscar", "peggy"}
     assert set(rows) == expected
-    for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty"):
+    for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty", "deeptree"):
         assert rows[student]["total"] == 8, (student, rows[student])
     assert all(row["max"] == 8 for row in rows.values()), "the forged 100-point cell counted"
     assert not any("unsandboxed" in row["flags"] for row in rows.values())
@@ -257,12 +282,14 @@ def test_a_cheat_earns_nothing(attacked, student):
 
 @pytest.mark.parametrize("student,flag,total", [
     ("forkbomb", "process-limit:01-sft-mask-answer", 5), ("memhog", "memory-limit:01-sft-mask-answer", 5),
-    ("bigfile", "scratch-full:01-sft-mask-answer", 5), ("mallory", "symlink", 0), ("oscar", "symlink", 0),
+    ("bigfile", "scratch-full:01-sft-mask-answer", 5),
+    ("dirflood", None, 5),  # empty folders count 4 KiB each: 131 072 fill the scratch, slower than the cell limit
+    ("mallory", "symlink", 0), ("forger", "forged-run", 0), ("oscar", "symlink", 0),
     ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
 ])
 def test_a_limit_or_a_trick_is_flagged(attacked, student, flag, total):
     row = attacked["rows"][student]
-    assert flag in row["flags"].split(), row
+    assert flag is None or flag in row["flags"].split(), row
     assert row["total"] == total, row
 
 

@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 
+import nbformat
 import pytest
 
 from utils.constants import NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
@@ -174,8 +175,14 @@ def test_limits_stop_a_fork_bomb_a_memory_hog_and_a_huge_file(box, tmp_path):
     assert rc == 0, out
     assert out["refused"] == "BlockingIOError" and out["forked"] < sandbox.DEFAULT_PROCESSES
     assert out["error"] == "OSError27" and out["written"] <= box.limits.file_size  # EFBIG at the file limit
-    rc, out, oom = inside(box, "x = bytearray(10 * 2**30); print('allocated')", tmp_path)
-    assert out != "allocated" and (oom or "MemoryError" in str(out) or rc != 0)
+    rc, out, oom = inside(box, """
+        try:
+            x = bytearray(10 * 2**30)
+            print('"allocated"')
+        except MemoryError:
+            print('"MemoryError"')
+    """, tmp_path)
+    assert (oom >= 1 and rc != 0) or (rc == 0 and out == "MemoryError"), (rc, out, oom)
 
 
 def test_without_bwrap_the_grader_refuses_and_says_how_to_install(monkeypatch, tmp_path, capsys):
@@ -201,3 +208,89 @@ def test_without_a_cgroup_memory_is_limited_per_process(box, tmp_path):
             print('"MemoryError"')
     """, tmp_path)
     assert rc == 0 and out == "MemoryError" and oom == 0
+
+
+def test_dev_is_read_only_its_shm_in_the_scratch_and_no_nested_user_namespace(box, tmp_path):
+    rc, out, _ = inside(box, """
+        import json, subprocess
+        def write(path):
+            try:
+                with open(path, "w") as f:
+                    f.write("x")
+                return "written"
+            except OSError as e:
+                return type(e).__name__
+        nested = subprocess.run(["unshare", "--user", "true"], capture_output=True).returncode
+        print(json.dumps({"null": write("/dev/null"), "dev": write("/dev/new"), "shm": write("/dev/shm/seg"),
+                          "nested_userns": nested}))
+    """, tmp_path)
+    assert rc == 0, out
+    assert out["null"] == "written" and out["dev"] != "written" and out["shm"] == "written"
+    assert (tmp_path / "shm" / "seg").is_file(), "/dev/shm is counted with the scratch"
+    if box.no_nested_userns:
+        assert out["nested_userns"] != 0
+
+
+def test_cgroup_v2_runs_go_under_the_deepest_ancestor_that_delegates(tmp_path):
+    own = "user.slice/user-1000.slice/user@1000.service/app.slice/term.scope"
+    for depth, controllers in [(0, "cpu memory pids"), (3, "memory pids"), (4, ""), (5, "")]:
+        d = tmp_path.joinpath(*own.split("/")[:depth])
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.subtree_control").write_text(controllers)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids")
+    found = sandbox._own_cgroups(f"0::/{own}\n", root=tmp_path)
+    service = tmp_path / "user.slice/user-1000.slice/user@1000.service"
+    assert found == {"pids": ("v2", service), "memory": ("v2", service), "cpu": ("v2", tmp_path)}
+    v1 = "12:pids:/a\n4:memory:/b\n0::/\n"
+    (tmp_path / "pids" / "a").mkdir(parents=True)
+    (tmp_path / "memory" / "b").mkdir(parents=True)
+    found = sandbox._own_cgroups(v1, root=tmp_path)
+    assert found["pids"] == ("v1", tmp_path / "pids" / "a") and found["memory"] == ("v1", tmp_path / "memory" / "b")
+
+
+def test_what_a_run_leaves_is_read_safely(tmp_path):
+    # Its files: never a link followed, never a FIFO waited on, never more than asked.
+    (tmp_path / "big").write_bytes(b"x" * 2000)
+    (tmp_path / "link").symlink_to(tmp_path / "big")
+    os.mkfifo(tmp_path / "fifo")
+    assert grading._read_result(tmp_path / "big", 4096) == b"x" * 2000
+    assert grading._read_result(tmp_path / "big", 1000) is None
+    assert grading._read_result(tmp_path / "link", 4096) is None
+    assert grading._read_result(tmp_path / "fifo", 4096) is None
+    # Its JSON: a pathological file is refused within limits, not parsed in the grader.
+    flood = b"[" + b"{}," * (1 << 20) + b"{}]"
+    assert len(grading.parse_untrusted_json(flood)) == (1 << 20) + 1
+    with pytest.raises(ValueError):
+        grading.parse_untrusted_json(flood, memory=64 << 20)
+    with pytest.raises(ValueError):
+        grading.parse_untrusted_json(b"[" * 100_000 + b"]" * 100_000)
+    # Its folders: counted whatever their depth, removed whatever their permissions.
+    deep = tmp_path / "scratch"
+    os.makedirs(deep)
+    here = os.getcwd()
+    try:
+        os.chdir(deep)
+        for _ in range(3000):
+            os.mkdir("d")
+            os.chdir("d")
+        os.chmod(".", 0)
+    finally:
+        os.chdir(here)
+    try:
+        assert grading._scratch_bytes(deep) >= 3000 * 4096, "folders deeper than PATH_MAX count too"
+    finally:
+        grading.remove_scratch(deep)
+    assert not deep.exists()
+
+
+def test_the_progress_file_names_only_a_cell_the_grader_ran(tmp_path):
+    from tests import grading_fixtures
+    from utils.course import labs
+    lesson = nbformat.read(grading_fixtures.LESSON, as_version=4)
+    gnb, _ = grading.grading_notebook(lesson, lesson, labs.lab_for(grading_fixtures.LESSON))
+    limited = [i for i, c in enumerate(gnb.cells) if grading._limited(c.metadata)]
+    progress = tmp_path / "progress.json"
+    for written, expected in [({"running": limited[0]}, limited[0]), ({"running": 0}, None),
+                              ({"running": 10**6}, None), ({"running": "1"}, None), ([], None)]:
+        progress.write_text(json.dumps(written))
+        assert grading._running_cell(progress, gnb) == expected, written

@@ -43,7 +43,6 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -57,7 +56,15 @@ from ..constants import META_KEYS
 from ..records import read_records
 from . import labs, sandbox
 from .cells import LabError, grade_id, is_grade
-from .grading import CELL_TIMEOUT_S, MAX_ATTEMPTS, NOTEBOOK_TIMEOUT_S, execute, grading_notebook
+from .grading import (
+    CELL_TIMEOUT_S,
+    MAX_ATTEMPTS,
+    NOTEBOOK_TIMEOUT_S,
+    execute,
+    grading_notebook,
+    parse_untrusted_json,
+    remove_scratch,
+)
 from .lessons import lesson_number, meta_of
 
 MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
@@ -73,11 +80,15 @@ def _load(path: Path):
         size = path.stat().st_size
         if size > MAX_SUBMISSION_BYTES:
             return None, f"{size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a lab can be"
-        raw = json.loads(path.read_bytes().decode("utf-8"))
+        data = path.read_bytes()
+        data.decode("utf-8")
+        raw = parse_untrusted_json(data)
     except UnicodeDecodeError:
         return None, "not a text file"
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg}, line {e.lineno})"
+    except ValueError as e:
+        return None, f"not readable ({e})"
     except OSError as e:
         return None, f"unreadable ({e.strerror})"
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
@@ -106,7 +117,10 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
     for attempt in range(MAX_ATTEMPTS):
         run = execute(gnb, workdir / f"attempt{attempt + 1}", timeout, cell_timeout, sandbox=box,
                       lesson=lesson_no)
-        if run["status"] in ("ok", "error") or run["running"] is None:
+        if run["status"] == "sandbox-error":
+            notes.append("the sandbox could not be set up for this run: grade it again (or by hand)")
+            break
+        if run["status"] in ("ok", "error", "forged") or run["running"] is None:
             break
         cell = gnb.cells[run["running"]]
         role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
@@ -234,6 +248,8 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     for key in ("wrong-lab", "invalid-notebook", "grader-error"):
         if result and result.get(key):
             flags.append(key)
+    if result and result.get("status") in ("sandbox-error", "forged"):
+        flags.append("grader-error" if result["status"] == "sandbox-error" else "forged-run")
     return flags
 
 
@@ -284,7 +300,8 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
 
 def safe_name(student: str) -> str:
     """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``."""
-    return re.sub(r"[^\w.-]+", "_", student).strip(".") or "student"
+    name = re.sub(r"[^\w.-]+", "_", student)[:100].strip(".")
+    return (name[: -len(".md")] if name.endswith(".md") else name) or "student"
 
 
 def _unique_safe_names(subs: list[dict]) -> None:
@@ -333,7 +350,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
         result = {**result, "grader-error": f"{type(e).__name__}: {e}"}
         result.setdefault("notes", []).append(f"the grader failed on this submission ({type(e).__name__}: {e}); "
                                               "grade it by hand")
-    shutil.rmtree(tmp / safe, ignore_errors=True)
+    remove_scratch(tmp / safe)
     checks = result.get("checks", {})
     for gid, c in checks.items():
         row[gid] = c["points"]
@@ -390,19 +407,29 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     progress(f"sandbox: bubblewrap; {box.describe()}" if box else
              "UNSANDBOXED (--no-sandbox): the students' code runs with your rights; every row is flagged")
 
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        def work(sub):
-            t = time.perf_counter()
-            row = grade_one(sub, lesson, lab_nb, lab_name, out, Path(tmp), timeout, cell_timeout, box)
-            with lock:
-                rows.append(row)
-                write_csv(rows, columns, csv_path)
-                progress(f"  {row['student']:<20} {row['total']:>3} / {row['max']:<3} {time.perf_counter() - t:6.1f} s"
-                         f"  {row['flags']}".rstrip())
-            return row
+    tmp = Path(tempfile.mkdtemp(prefix="grade-"))
 
+    def work(sub):
+        t = time.perf_counter()
+        try:
+            row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box)
+        except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
+            row = {"student": sub["student"], "lab": lab_name, "total": 0, "max": 0,
+                   "flags": " ".join([*sub["flags"], "grader-error"]), "file": ""}
+            progress(f"  the grader failed on {sub['student']!r} ({type(e).__name__}: {str(e)[:200]}): "
+                     "grade it by hand")
+        with lock:
+            rows.append(row)
+            write_csv(rows, columns, csv_path)
+            progress(f"  {row['student']:<20} {row['total']:>3} / {row['max']:<3} {time.perf_counter() - t:6.1f} s"
+                     f"  {row['flags']}".rstrip())
+        return row
+
+    try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             list(pool.map(work, subs))
+    finally:
+        remove_scratch(tmp)
     progress(f"wrote {csv_path} and {out / 'feedback'}/" + ("" if box else " (UNSANDBOXED)"))
     return sorted(rows, key=lambda r: r["student"])
 
@@ -424,6 +451,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         t = time.perf_counter()
+        if not Path(args.submissions).is_dir():
+            raise FileNotFoundError(f"no such folder of submissions: {args.submissions}")
+        labs.lesson_paths([args.lab])  # a wrong lab is said before a missing sandbox
         box = None if args.no_sandbox else sandbox.find(sandbox.Limits(memory=int(args.memory * sandbox.GiB)))
         rows = grade_folder(args.submissions, args.lab, args.out, args.jobs, args.timeout, args.cell_timeout,
                             box=box)

@@ -30,6 +30,8 @@ KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, 
     "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
 }
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
+MAX_EXECUTED_BYTES = 256 << 20   # an executed grading notebook bigger than this is not read (50 MB of output is)
+PROGRESS_FILE = "progress.json"  # the run writes which cell it is in; the grader polls it
 INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
 
 
@@ -134,9 +136,18 @@ def _worker(argv) -> int:
     """Run in a child process: execute one grading notebook with papermill; write a status file."""
     src, dst, cell_timeout, cwd, status_path, params = argv
     import papermill
+    from papermill.engines import NotebookExecutionManager
 
     def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
         return int(cell_timeout) if _limited(cell.metadata) else None
+
+    progress, cell_start = Path(status_path).with_name(PROGRESS_FILE), NotebookExecutionManager.cell_start
+
+    def announce(self, cell, *args, **kwargs):  # which cell runs, in a small file the grader polls
+        cell_start(self, cell, *args, **kwargs)
+        index = next((i for i, c in enumerate(own_cells(self.nb.cells)) if c is cell), None)
+        progress.write_text(json.dumps({"running": index}), encoding="utf-8")
+    NotebookExecutionManager.cell_start = announce
 
     status = {"status": "ok", "detail": ""}
     try:
@@ -171,7 +182,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
-    evalue = (evalue.strip().splitlines() or [""])[0][:300]
+    ename, evalue = str(ename)[:100], (str(evalue).strip().splitlines() or [""])[0][:300]
     if ename == "AssertionError":
         return evalue or "an assertion failed (it has no message)"
     if ename == "NotImplementedError":
@@ -225,15 +236,34 @@ def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
     return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
 
 
-def _running_cell(executed_path: Path, max_bytes: int) -> int | None:
-    """Index (papermill's cells excluded) of the answer or check cell papermill marks as running, or None."""
+def _running_cell(progress_path: Path, gnb) -> int | None:
+    """Index of the answer or check cell the run announced last (its progress file), or None."""
     try:
-        cells = json.loads(_read_result(executed_path, max_bytes) or b"")["cells"]
-        return next((i for i, c in enumerate(own_cells(cells))
-                     if c.get("metadata", {}).get("papermill", {}).get("status") == "running"
-                     and _limited(c.get("metadata", {}))), None)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None  # not written yet, caught mid-write, or not a notebook
+        index = json.loads(_read_result(progress_path, 4096) or b"")["running"]
+    except (ValueError, KeyError, TypeError):
+        return None  # not written yet, caught mid-write, or not ours
+    ok = isinstance(index, int) and 0 <= index < len(gnb.cells) and _limited(gnb.cells[index].metadata)
+    return index if ok else None
+
+
+def parse_untrusted_json(raw: bytes, memory: int = 2 << 30, timeout: int = 120):
+    """``json.loads`` of bytes a student controls, safe for the grader: anything over 1 MiB is parsed
+    first in a child process limited to ``memory`` bytes and ``timeout`` seconds (a file of a
+    hundred million empty objects would take the grader's memory); raises ValueError when it fails."""
+    if len(raw) > 1 << 20:
+        check = (f"import json, resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory})); "
+                 "json.loads(sys.stdin.buffer.read())")
+        try:
+            child = subprocess.run([sys.executable, "-I", "-S", "-c", check], input=raw, timeout=timeout,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"too slow to read (over {timeout} s)") from None
+        if child.returncode != 0:
+            raise ValueError("not JSON that can be read within the grader's limits")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def kernel_env(workdir: Path) -> dict:
@@ -258,24 +288,38 @@ def _read_result(path: Path, max_bytes: int) -> bytes | None:
 
 
 def _scratch_bytes(folder: Path) -> int:
-    """Bytes in a scratch folder (links not followed; a file counts one 4 KiB block at least, so that a
-    million empty files fill it too)."""
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += max(os.lstat(os.path.join(root, name)).st_blocks * 512, 4096)
-            except OSError:
-                pass
-    return total
+    """Bytes a scratch folder takes: the larger of its disk use and 4 KiB per entry (so that a million
+    empty files or folders fill it too). GNU ``du`` counts it, links not followed and at any depth
+    (a path longer than the system's limit is still counted)."""
+    used = []
+    for unit in ("-B1", "--inodes"):
+        out = subprocess.run(["du", "-sx", unit, "--", str(folder)], capture_output=True, text=True, check=False)
+        try:
+            used.append(int(out.stdout.split()[0]))
+        except (IndexError, ValueError):
+            used.append(0)
+    return max(used[0], 4096 * used[1])
+
+
+def remove_scratch(folder: Path) -> None:
+    """Remove a scratch folder whatever the run left in it (a folder 100 000 levels deep, folders
+    without permissions), never following a link out of it."""
+    for cmd in (["rm", "-rf", "--", str(folder)], ["chmod", "-R", "u+rwx", "--", str(folder)],
+                ["rm", "-rf", "--", str(folder)]):
+        if not os.path.lexists(folder):
+            return
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def _same_cells(executed, gnb) -> bool:
     """Whether an executed notebook is the grading notebook that was run (not one the run wrote itself)."""
-    ran = own_cells(executed.cells)
-    return len(ran) == len(gnb.cells) and all(
-        a.get("source") == b.source and a.get("metadata", {}).get("grading") == b.metadata["grading"]
-        for a, b in zip(ran, gnb.cells))
+    try:
+        ran = own_cells(executed.cells)
+        return len(ran) == len(gnb.cells) and all(
+            a.get("source") == b.source and a.get("metadata", {}).get("grading") == b.metadata["grading"]
+            and a.get("metadata", {}).get("nbgrader") == b.metadata.get("nbgrader") for a, b in zip(ran, gnb.cells))
+    except (AttributeError, TypeError):  # cells that are not cells
+        return False
 
 
 def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
@@ -289,14 +333,14 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     stopped when the scratch outgrows the sandbox's file limit or a fork meets its process limit.
 
     Returns ``{"status": "ok" | "timeout" | "kernel-died" | "memory-limit" | "process-limit" | "scratch-full" |
-    "error",
+    "forged" | "sandbox-error" | "error",
     "detail", "wall_s", "checks", "answer_errors", "setup_errors", "running"}`` (``running``: index of
     the cell that was running when the run stopped, or None). The executed notebook is
     ``workdir/executed.ipynb``; what the run wrote is read back checked (sizes, types, the cells run).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
-    for p in (dst, status_path):
+    for p in (dst, status_path, workdir / PROGRESS_FILE):
         p.unlink(missing_ok=True)
     nbformat.write(gnb, src)
     (workdir / "home").mkdir(exist_ok=True)
@@ -323,7 +367,7 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
             except subprocess.TimeoutExpired:
                 pass
             now = time.perf_counter()
-            stuck = _running_cell(dst, max_bytes)
+            stuck = _running_cell(workdir / PROGRESS_FILE, gnb)
             if stuck is not None:
                 running_since.setdefault(stuck, now)
             if now - start > timeout:
@@ -340,6 +384,9 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
                                                               "of files; it was stopped"}
             if status is not None:
                 _kill_tree(proc)
+        if status is None and proc.returncode == sb.LAUNCH_FAILED:
+            status = {"status": "sandbox-error", "detail": "the sandbox could not be set up for this run (the "
+                                                           "grader's problem, not the submission's)"}
         if status is None:
             status = _read_status(status_path, proc.returncode)
         if confinement is not None and confinement.oom_kills() and status["status"] in ("kernel-died", "error"):
@@ -351,15 +398,17 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
         if confinement is not None:
             confinement.close()
     wall = round(time.perf_counter() - start, 1)
-    executed, raw = None, _read_result(dst, max_bytes)
+    executed, raw = None, _read_result(dst, min(max_bytes, MAX_EXECUTED_BYTES))
     if raw is not None:
         try:
-            executed = nbformat.reads(raw.decode("utf-8"), as_version=4)
+            shape = parse_untrusted_json(raw)  # safe to parse: now nbformat may (it joins the source lines)
+            if isinstance(shape, dict) and shape.get("nbformat") == 4 and isinstance(shape.get("cells"), list):
+                executed = nbformat.reads(raw.decode("utf-8"), as_version=4)
         except Exception:
             executed = None
     if executed is not None and not _same_cells(executed, gnb):
         executed = None
-        status = {"status": "error", "detail": "the executed notebook is not the one the grader ran (its cells "
+        status = {"status": "forged", "detail": "the executed notebook is not the one the grader ran (its cells "
                                                "were changed during the run); no check is counted"}
     stopped = "" if status["status"] == "ok" else status["detail"]
     run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)

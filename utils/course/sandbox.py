@@ -27,7 +27,9 @@ import signal
 import site
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,35 +68,47 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     cgroups: dict = field(default_factory=dict)   # controller -> parent folder in which each run gets its own
     enforced: dict = field(default_factory=dict)  # limit -> how it is enforced, for the README and the summary
+    no_nested_userns: bool = False                # bwrap >= 0.8: the sandbox cannot make user namespaces itself
 
     def describe(self) -> str:
         return "; ".join(f"{k}: {v}" for k, v in self.enforced.items())
 
 
 # ----------------------------------------------------------------------------- finding bwrap and the cgroups
-def _own_cgroups() -> dict:
-    """{controller: the folder of this process's cgroup} for the writable controllers we use."""
+def _own_cgroups(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/cgroup")) -> dict:
+    """{controller: (version, folder)}: where each run's cgroup can be made, for the controllers we use.
+
+    cgroup v1: this process's own cgroup of that controller, if writable. cgroup v2: the deepest
+    writable ancestor of this process's cgroup (itself included) that hands the controller to its
+    children (``cgroup.subtree_control``): the root cgroup for root, ``user@UID.service`` for a
+    user whose systemd delegates it. ``proc_cgroup`` (the text of /proc/self/cgroup) and ``root``
+    are for the tests.
+    """
     found = {}
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = (proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()).splitlines()
     except OSError:
         return found
     for line in lines:
         _, names, path = line.split(":", 2)
-        if names == "":  # cgroup v2: the unified hierarchy, usable if it delegates the controllers to a child
-            v2 = Path("/sys/fs/cgroup") if Path("/sys/fs/cgroup/cgroup.controllers").exists() else \
-                Path("/sys/fs/cgroup/unified")
-            base = v2 / path.lstrip("/")
-            control = base / "cgroup.subtree_control"
-            enabled = control.read_text().split() if control.is_file() else []
-            for controller in ("pids", "memory", "cpu"):
-                if controller in enabled and os.access(base, os.W_OK):
-                    found.setdefault(controller, ("v2", base))
+        if names == "":  # cgroup v2 (the unified hierarchy)
+            v2 = root if (root / "cgroup.controllers").exists() else root / "unified"
+            parts = Path(path.lstrip("/")).parts
+            for depth in range(len(parts), -1, -1):
+                base = v2.joinpath(*parts[:depth])
+                control = base / "cgroup.subtree_control"
+                try:
+                    enabled = control.read_text().split()
+                except OSError:
+                    continue
+                for controller in ("pids", "memory", "cpu"):
+                    if controller in enabled and os.access(base, os.W_OK) and os.access(control, os.W_OK):
+                        found.setdefault(controller, ("v2", base))
             continue
         for controller in names.split(","):
-            base = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+            base = root / controller / path.lstrip("/")
             if controller in ("pids", "memory", "cpu") and base.is_dir() and os.access(base, os.W_OK):
-                found[controller] = ("v1", base)
+                found[controller] = ("v1", base)  # v1 wins over v2 where both have it
     return found
 
 
@@ -121,8 +135,18 @@ def find(limits: Limits | None = None) -> Sandbox:
     box = Sandbox(bwrap, limits or Limits())
     box.cgroups = _own_cgroups()
     box.enforced = _enforcement(box.cgroups)
-    probe = subprocess.run(command(box, [sys.executable, "-c", "print('ok')"], scratch=None, env={}),
-                           capture_output=True, text=True, timeout=60)
+    try:
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        helped = ""
+    box.no_nested_userns = "--disable-userns" in helped
+    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
+        confinement = Confinement(box, f"probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            probe = subprocess.run(command(box, [sys.executable, "-c", "print('ok')"], scratch=Path(tmp), env={},
+                                           cgroup_procs=confinement.procs), capture_output=True, text=True, timeout=60)
+        finally:
+            confinement.close()
     if probe.returncode != 0 or probe.stdout.strip() != "ok":
         why = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1][:300]
         hint = ("user namespaces look disabled (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 the "
@@ -135,18 +159,24 @@ def find(limits: Limits | None = None) -> Sandbox:
 
 
 # ----------------------------------------------------------------------------- what the sandbox sees
-def _python_roots() -> list[Path]:
-    """The Python environment: its prefixes and site-packages (not the folders PYTHONPATH adds)."""
+def _python_roots() -> list[tuple[str, str]]:
+    """(source, destination) binds of the Python environment: its prefixes and site-packages (not the
+    folders PYTHONPATH adds), each at its own path and, when reached through a symlink, at that path too."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages(),
-             os.path.dirname(os.path.realpath(sys.executable))}
+             os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))}
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         paths.add(site.getusersitepackages())
-    roots = sorted({Path(os.path.realpath(p)) for p in paths if os.path.exists(p)}, key=lambda p: len(p.parts))
+    binds = {}
+    for p in paths:
+        if os.path.exists(p):
+            for dest in {os.path.abspath(p), os.path.realpath(p)}:
+                binds[Path(dest)] = os.path.realpath(p)
     kept = []
-    for p in roots:  # a folder inside one already bound, or inside /usr, needs no bind of its own
-        if not any(p.is_relative_to(k) for k in kept) and not any(p.is_relative_to(d) for d in SYSTEM_DIRS):
-            kept.append(p)
-    return kept
+    for dest in sorted(binds, key=lambda d: len(d.parts)):  # inside one already bound, or in /usr: no bind
+        system = any(dest.is_relative_to(d) for d in SYSTEM_DIRS) and not dest.is_relative_to(REPO_ROOT)
+        if not any(dest.is_relative_to(k) for k in kept) and not system:
+            kept.append(dest)
+    return [(binds[d], str(d)) for d in kept]
 
 
 def visible_solutions(lesson: str | None) -> list[Path]:
@@ -160,14 +190,22 @@ def command(box: Sandbox, argv: list[str], *, scratch: Path | None, env: dict, c
             empty_dirs: list[Path] = (), lesson: str | None = None, cgroup_procs: list[Path] = ()) -> list[str]:
     """The command line that runs ``argv`` in the sandbox (see the module docstring for what it sees).
 
-    ``scratch`` (writable) is the sandbox's :data:`SCRATCH` and its ``tmp/`` the sandbox's ``/tmp``;
-    ``env`` is the whole environment; ``empty_dirs`` are made (a kernel's working folder);
+    ``scratch`` (writable) is the sandbox's :data:`SCRATCH`, its ``tmp/`` and ``shm/`` the sandbox's
+    ``/tmp`` and ``/dev/shm``;
+    ``env`` is the whole environment; ``empty_dirs`` are made, empty and read-only (a kernel's working folder);
     ``lesson`` (e.g. "05") makes the solutions of the earlier lessons visible. The line starts with
     a small launcher that joins ``cgroup_procs``, sets the rlimits and becomes ``bwrap`` with ``env``
     as its only environment.
     """
     args = [box.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+    if box.no_nested_userns:
+        args += ["--unshare-user", "--disable-userns"]
+    if scratch is not None:  # every writable place is in the scratch, where the grader counts it; /tmp comes
+        for d in ("tmp", "shm"):  # first, so that a course or a Python under /tmp is bound over it, not hidden
+            (scratch / d).mkdir(parents=True, exist_ok=True)
+        args += ["--bind", str(scratch / "tmp"), "/tmp", "--bind", str(scratch / "shm"), "/dev/shm"]
+    args += ["--remount-ro", "/dev"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
             args += ["--symlink", os.readlink(d), d]
@@ -175,18 +213,19 @@ def command(box: Sandbox, argv: list[str], *, scratch: Path | None, env: dict, c
             args += ["--ro-bind", d, d]
     for name in ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    for p in _python_roots():
-        args += ["--ro-bind", str(p), str(p)]
+    args += ["--tmpfs", str(REPO_ROOT)]  # the course's folder: empty but for what is bound into it below
+    for src, dest in _python_roots():
+        args += ["--ro-bind", src, dest]
     args += ["--ro-bind", str(UTILS_DIR), str(UTILS_DIR), "--tmpfs", str(SOLUTIONS_DIR)]
     init = SOLUTIONS_DIR / "__init__.py"
     for p in ([init] if init.is_file() else []) + visible_solutions(lesson):
         args += ["--ro-bind", str(p), str(p)]
     args += ["--remount-ro", str(SOLUTIONS_DIR)]
-    for d in empty_dirs:
-        args += ["--dir", str(d)]
+    for d in empty_dirs:  # empty and read-only wherever it is (even under /tmp, which is the scratch's)
+        args += ["--tmpfs", str(d), "--remount-ro", str(d)]
+    args += ["--remount-ro", str(REPO_ROOT)]
     if scratch is not None:
-        (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-        args += ["--bind", str(scratch), str(SCRATCH), "--bind", str(scratch / "tmp"), "/tmp"]
+        args += ["--bind", str(scratch), str(SCRATCH)]
     args += ["--remount-ro", "/", "--chdir", str(cwd), "--", *argv]  # the folders bwrap made: read-only too
     rlimits = {"RLIMIT_FSIZE": box.limits.file_size, "RLIMIT_CORE": 0}
     if "memory" not in box.cgroups:
@@ -197,15 +236,23 @@ def command(box: Sandbox, argv: list[str], *, scratch: Path | None, env: dict, c
     return [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *args]
 
 
+LAUNCH_FAILED = 97  # the launcher's exit status when it could not confine the run: the grader's problem
 LAUNCHER = """import json, os, resource, sys
-spec = json.loads(sys.argv[1])
-for procs in spec["procs"]:
-    with open(procs, "w") as f:
-        f.write(str(os.getpid()))
-for name, value in spec["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (value, value))
+try:
+    spec = json.loads(sys.argv[1])
+    for procs in spec["procs"]:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    for name, value in spec["rlimits"].items():
+        kind = getattr(resource, name)
+        hard = resource.getrlimit(kind)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (value, value))
+except Exception as e:
+    print(f"sandbox launcher: {type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(LAUNCH_FAILED)
 os.execve(sys.argv[2], sys.argv[2:], spec["env"])
-"""
+""".replace("LAUNCH_FAILED", str(LAUNCH_FAILED))
 
 
 def _user_tasks() -> int:
