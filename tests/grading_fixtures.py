@@ -22,8 +22,11 @@ wrong         lab 06 handed in for lab 01
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
+import socket
+import threading
 from pathlib import Path
 
 import nbformat
@@ -118,6 +121,29 @@ def submission(kind: str):
     if kind == "renamed":
         return f"{student}/{NAME} (1).ipynb", text
     return f"{student}.ipynb", text
+
+
+@contextlib.contextmanager
+def loopback_listener():
+    """A TCP listener of the instructor's on 127.0.0.1 that records every connection: ``(port, connections)``."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    connections, stop = [], threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            try:
+                connections.append(server.accept())
+            except OSError:
+                pass
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], connections
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
 
 
 def write(folder, kinds=KINDS) -> list[Path]:

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from tests import grading_fixtures
-from utils.course import grade, grading, labs
+from utils.course import grade, grading, labs, submissions
 
 EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
 
@@ -59,7 +59,7 @@ def test_find_submissions_layouts(tmp_path):
     (tmp_path / "dan" / "lab1 final.ipynb").write_text("{}")
     (tmp_path / "eve").mkdir()
     (tmp_path / ".DS_Store").write_text("")
-    subs = {s["student"]: s for s in grade.find_submissions(tmp_path, "01_sft_from_scratch")}
+    subs = {s["student"]: s for s in submissions.find_submissions(tmp_path, "01_sft_from_scratch")}
     assert sorted(subs) == ["ann", "ben", "cat", "dan", "eve"]
     assert subs["ann"]["flags"] == [] and subs["cat"]["flags"] == []
     assert subs["ben"]["flags"] == ["renamed"]
@@ -122,5 +122,5 @@ def test_usage_errors(tmp_path, capsys):
 
 def test_every_student_gets_a_feedback_file_of_their_own():
     subs = [{"student": s} for s in ("名字", "张伟", "a b", "a_b", "A_B", "../etc", "")]
-    grade._unique_safe_names(subs)
+    submissions.unique_safe_names(subs)
     assert [s["safe"] for s in subs] == ["名字", "张伟", "a_b", "a_b-2", "A_B-3", "_etc", "student"]

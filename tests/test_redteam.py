@@ -11,9 +11,7 @@ import csv
 import hashlib
 import json
 import os
-import socket
 import tempfile
-import threading
 from pathlib import Path
 
 import nbformat
@@ -185,34 +183,8 @@ def orphans():
     return found
 
 
-@pytest.fixture(scope="module")
-def attacked(tmp_path_factory):
-    try:
-        box = sandbox.find()
-    except sandbox.SandboxUnavailable as e:
-        pytest.fail(f"no sandbox on this machine (run `make setup`): {e}")
-    root = tmp_path_factory.mktemp("redteam")
-    subs, out, home = root / "submissions", root / "grades", root / "home"
-    (home / ".cache" / "huggingface").mkdir(parents=True)
-    (home / ".cache" / "huggingface" / "token").write_text(PLANTED)
-    (home / ".ssh").mkdir()
-    (home / ".ssh" / "id_rsa").write_text(f"-----BEGIN KEY----- {PLANTED}")
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    connections, stop = [], threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            try:
-                connections.append(server.accept())
-            except OSError:
-                pass
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    fill = {"repo": REPO_ROOT, "lesson": NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb", "port": server.getsockname()[1],
-            "home": home, "subs": subs, "out": out, "marker": MARKER, "scratch_secret": SCRATCH_SECRET,
-            "scratch_secret_reversed": SCRATCH_SECRET[::-1],
-            "tmp": tempfile.gettempdir()}
+def write_class(subs, fill, home):
+    """The red-team class: one submission per HOSTILE kind, honest ones, and the tricks that are files."""
     subs.mkdir()
     for student in HOSTILE:
         (subs / f"{student}.ipynb").write_text(hostile_submission(student, fill), encoding="utf-8")
@@ -236,21 +208,32 @@ def attacked(tmp_path_factory):
     (subs / "peggy").mkdir()
     (subs / "peggy" / "01_sft_from_scratch.ipynb").symlink_to(NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb")
 
-    course = {name: digest(path) for name, path in (("utils", UTILS_DIR), ("notebooks", NOTEBOOKS_DIR),
-                                                     ("labs", LABS_DIR))}
-    before = digest(subs)
-    scratch_before = set(Path(tempfile.gettempdir()).glob("grade-*"))
-    saved = {k: os.environ.get(k) for k in [*SECRETS, "HOME"]}
-    os.environ.update(SECRETS, HOME=str(home))
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
     try:
+        box = sandbox.find()
+    except sandbox.SandboxUnavailable as e:
+        pytest.fail(f"no sandbox on this machine (run `make setup`): {e}")
+    root = tmp_path_factory.mktemp("redteam")
+    subs, out, home = root / "submissions", root / "grades", root / "home"
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text(PLANTED)
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(f"-----BEGIN KEY----- {PLANTED}")
+    with grading_fixtures.loopback_listener() as (port, connections), pytest.MonkeyPatch.context() as env:
+        fill = {"repo": REPO_ROOT, "lesson": NOTEBOOKS_DIR / "01_sft_from_scratch.ipynb", "port": port,
+                "home": home, "subs": subs, "out": out, "marker": MARKER, "scratch_secret": SCRATCH_SECRET,
+                "scratch_secret_reversed": SCRATCH_SECRET[::-1], "tmp": tempfile.gettempdir()}
+        write_class(subs, fill, home)
+        course = {name: digest(path) for name, path in (("utils", UTILS_DIR), ("notebooks", NOTEBOOKS_DIR),
+                                                         ("labs", LABS_DIR))}
+        before = digest(subs)
+        scratch_before = set(Path(tempfile.gettempdir()).glob("grade-*"))
+        for k, v in {**SECRETS, "HOME": str(home)}.items():
+            env.setenv(k, v)
         rows = grade.grade_folder(subs, "01", out, jobs=2, timeout=90, cell_timeout=15, progress=lambda *_: None,
                                   box=box)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        stop.set()
-        listener.join()
-        server.close()
     return {"rows": {r["student"]: r for r in rows}, "subs": subs, "out": out, "before": before, "course": course,
             "connections": connections, "scratch_before": scratch_before, "box": box}
 

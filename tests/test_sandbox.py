@@ -7,16 +7,15 @@ install it (``make setup`` does). The red-team class graded end to end is ``test
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import nbformat
 import pytest
 
+from tests import grading_fixtures
 from utils.constants import NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
 from utils.course import grading, sandbox
 
@@ -29,11 +28,22 @@ def box():
         pytest.fail(f"no sandbox on this machine: {e}")
 
 
+PRELUDE = """
+def write(path, text="x"):  # "written", or the error that stopped it
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+        return "written"
+    except OSError as e:
+        return type(e).__name__
+"""
+
+
 def inside(box, code, scratch, lesson="01", timeout=60):
     """Run ``code`` in a sandbox (with its own cgroups) and return (exit status, stdout parsed as JSON or text)."""
     conf = sandbox.Confinement(box, f"test-{os.getpid()}-{scratch.name}")
     try:
-        cmd = sandbox.command(box, [sys.executable, "-c", textwrap.dedent(code)], scratch=scratch,
+        cmd = sandbox.command(box, [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], scratch=scratch,
                               env=grading.kernel_env(sandbox.SCRATCH), empty_dirs=[NOTEBOOKS_DIR], lesson=lesson,
                               cgroup_procs=conf.procs)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
@@ -50,13 +60,6 @@ def inside(box, code, scratch, lesson="01", timeout=60):
 def test_the_course_and_python_are_read_only_and_nothing_else_is_there(box, tmp_path):
     rc, out, _ = inside(box, f"""
         import json, os, sys
-        def write(path):
-            try:
-                with open(path, "a") as f:
-                    f.write("# vandal\\n")
-                return "written"
-            except OSError as e:
-                return type(e).__name__
         print(json.dumps({{
             "utils": write("{UTILS_DIR / 'rewards.py'}"), "lesson": write("{NOTEBOOKS_DIR / '01_sft_from_scratch.ipynb'}"),
             "venv": write(os.path.join(sys.prefix, "pyvenv.cfg")), "root_csv": write("{REPO_ROOT / 'grades.csv'}"),
@@ -85,40 +88,26 @@ def test_no_secret_no_home_no_network(box, tmp_path, monkeypatch):
     (home / ".cache" / "huggingface" / "token").write_text("hf_planted_secret")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("HF_TOKEN", "hf_env_secret")
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    port, accepted, stop = server.getsockname()[1], [], threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                pass
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    rc, out, _ = inside(box, f"""
-        import json, os, socket
-        def read(path):
-            try:
-                return open(path).read()
-            except OSError as e:
-                return type(e).__name__
-        def connect():
-            try:
-                socket.create_connection(("127.0.0.1", {port}), timeout=2).sendall(b"hello")
-                return "connected"
-            except OSError as e:
-                return type(e).__name__
-        print(json.dumps({{"env": dict(os.environ), "token": read("{home}/.cache/huggingface/token"),
-                           "my_home_token": read(os.path.expanduser("~/.cache/huggingface/token")),
-                           "connect": connect(), "hostname": socket.gethostname()}}))
-    """, scratch)
-    stop.set()
-    thread.join()
-    server.close()
+    with grading_fixtures.loopback_listener() as (port, accepted):
+        rc, out, _ = inside(box, f"""
+            import json, os, socket
+            def read(path):
+                try:
+                    return open(path).read()
+                except OSError as e:
+                    return type(e).__name__
+            def connect():
+                try:
+                    socket.create_connection(("127.0.0.1", {port}), timeout=2).sendall(b"hello")
+                    return "connected"
+                except OSError as e:
+                    return type(e).__name__
+            print(json.dumps({{"env": dict(os.environ), "token": read("{home}/.cache/huggingface/token"),
+                               "my_home_token": read(os.path.expanduser("~/.cache/huggingface/token")),
+                               "connect": connect(), "hostname": socket.gethostname()}}))
+        """, scratch)
     assert rc == 0, out
     assert "hf_env_secret" not in json.dumps(out) and "hf_planted_secret" not in json.dumps(out)
     assert set(out["env"]) <= set(grading.kernel_env(sandbox.SCRATCH)) | {"PWD", "LC_CTYPE"}, out["env"]
@@ -213,13 +202,6 @@ def test_without_a_cgroup_memory_is_limited_per_process(box, tmp_path):
 def test_dev_is_read_only_its_shm_in_the_scratch_and_no_nested_user_namespace(box, tmp_path):
     rc, out, _ = inside(box, """
         import json, subprocess
-        def write(path):
-            try:
-                with open(path, "w") as f:
-                    f.write("x")
-                return "written"
-            except OSError as e:
-                return type(e).__name__
         nested = subprocess.run(["unshare", "--user", "true"], capture_output=True).returncode
         print(json.dumps({"null": write("/dev/null"), "dev": write("/dev/new"), "shm": write("/dev/shm/seg"),
                           "nested_userns": nested}))

@@ -5,6 +5,7 @@
 * ``cells`` / ``labs``     -- the exercise contract and the student editions in ``labs/`` (``python -m utils labs``)
 * ``solutions``            -- the reference solutions in ``utils/solutions/``, written from the lessons
 * ``grading`` / ``grade``  -- re-running answers and checks, and grading a class (``python -m utils grade``)
+* ``submissions`` / ``sandbox`` -- reading a class's submissions safely; the bubblewrap sandbox each one runs in
 * ``handout``              -- a student repository without the answers (``python -m utils handout``)
 * ``twins`` / ``twin_lessons`` -- architecture twins: the GPU presets measured on any CUDA GPU
 * ``tiny``                 -- building the embedded tiny model

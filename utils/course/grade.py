@@ -42,7 +42,6 @@ import csv
 import io
 import json
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -62,45 +61,17 @@ from .grading import (
     NOTEBOOK_TIMEOUT_S,
     execute,
     grading_notebook,
-    parse_untrusted_json,
     remove_scratch,
 )
 from .lessons import lesson_number, meta_of
+from .submissions import find_submissions, load, unique_safe_names
 
-MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
 STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a kernel crash",
               "memory-limit": "the memory limit", "process-limit": "the process limit",
               "scratch-full": "the scratch size limit"}
 
 
 # ----------------------------------------------------------------------------- one submission
-def _load(path: Path):
-    """(notebook, None) or (None, reason) for a file that is not a readable v4 notebook."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_SUBMISSION_BYTES:
-            return None, f"{size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a lab can be"
-        data = path.read_bytes()
-        data.decode("utf-8")
-        raw = parse_untrusted_json(data)
-    except UnicodeDecodeError:
-        return None, "not a text file"
-    except json.JSONDecodeError as e:
-        return None, f"not valid JSON ({e.msg}, line {e.lineno})"
-    except ValueError as e:
-        return None, f"not readable ({e})"
-    except OSError as e:
-        return None, f"unreadable ({e.strerror})"
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
-        return None, "JSON, but not a notebook (no 'cells' list)"
-    if raw.get("nbformat") != 4:
-        return None, f"notebook format {raw.get('nbformat')!r}; version 4 expected"
-    try:
-        return nbformat.reads(json.dumps(raw), as_version=4), None
-    except Exception as e:  # nbformat's own reader refuses it
-        return None, f"not a readable notebook ({type(e).__name__}: {str(e)[:200]})"
-
-
 def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S,
                    cell_timeout: int = CELL_TIMEOUT_S, box: sandbox.Sandbox | None = None,
                    lesson_no: str | None = None) -> dict:
@@ -172,74 +143,6 @@ def self_reported(nb) -> tuple[dict, list, list[str]]:
     return records, figures, problems
 
 
-# ----------------------------------------------------------------------------- finding submissions
-def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -> list[dict]:
-    """One dict per student: {"student", "path" (or None), "flags": [...], "detail"}.
-
-    ``<student>.ipynb`` files and ``<student>/`` folders; in a folder, the notebook named like the
-    lab, else its only notebook (flagged renamed), else its only file. Hidden files, checkpoints and
-    the grader's own output are skipped.
-    """
-    skip = {".ipynb_checkpoints", "__MACOSX"}
-    subs = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name in skip or (exclude and entry.resolve() == exclude.resolve()):
-            continue
-        student = entry.name[: -len(".ipynb")] if entry.name.endswith(".ipynb") else entry.name.split(".")[0]
-        if entry.is_symlink():  # never followed: it could point at the lesson (the answers) or anywhere
-            subs.append({"student": student, "path": None, "flags": ["symlink"],
-                         "detail": "a symbolic link, not a file: not graded (hand in the notebook itself)"})
-        elif entry.is_file():
-            flags = [] if entry.suffix == ".ipynb" else ["renamed"]
-            subs.append({"student": student, "path": entry, "flags": flags,
-                         "detail": "" if not flags else f"file {entry.name!r} is not named .ipynb"})
-        elif entry.is_dir():
-            files, links = _folder_files(entry, skip)
-            notebooks = [p for p in files if p.suffix == ".ipynb"]
-            exact = [p for p in notebooks if p.name == f"{lab_name}.ipynb"]
-            chosen, flags, details = None, [], []
-            if exact:
-                chosen = exact[0]
-            elif notebooks or files:
-                candidates = notebooks or files
-                chosen = candidates[0]
-                flags.append("renamed")
-                details.append(f"expected {lab_name}.ipynb, graded {chosen.relative_to(entry)}"
-                               + (f" (first of {len(candidates)})" if len(candidates) > 1 else ""))
-                if len(candidates) > 1:
-                    flags.append("several-notebooks")
-            else:
-                flags.append("no-notebook")
-                details.append("no notebook in the folder")
-            if links:
-                flags.append("symlink")
-                details.append(f"{len(links)} symbolic link(s) in the folder ignored")
-            subs.append({"student": entry.name, "path": chosen, "flags": flags, "detail": "; ".join(details)})
-        else:
-            subs.append({"student": student, "path": None, "flags": ["not-a-file"],
-                         "detail": "not a regular file or folder: not graded"})
-    return subs
-
-
-def _folder_files(folder: Path, skip: set) -> tuple[list[Path], list[Path]]:
-    """(regular files, symbolic links) under a student's folder, hidden ones skipped, links not followed."""
-    files, links = [], []
-    for root, dirs, names in os.walk(folder):
-        for d in [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            links.append(Path(root, d))
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip
-                         and not os.path.islink(os.path.join(root, d)))
-        for name in names:
-            path = Path(root, name)
-            if name.startswith("."):
-                continue
-            if path.is_symlink():
-                links.append(path)
-            elif path.is_file():
-                files.append(path)
-    return sorted(files), links
-
-
 # ----------------------------------------------------------------------------- feedback and the CSV
 def _flags(sub: dict, result: dict | None) -> list[str]:
     flags = list(sub["flags"])
@@ -298,38 +201,19 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     return "\n".join(lines).rstrip() + "\n"
 
 
-def safe_name(student: str) -> str:
-    """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``."""
-    name = re.sub(r"[^\w.-]+", "_", student)[:100].strip(".")
-    return (name[: -len(".md")] if name.endswith(".md") else name) or "student"
-
-
-def _unique_safe_names(subs: list[dict]) -> None:
-    """Give each submission its own ``safe`` name (``-2``, ``-3`` ... on a clash, case ignored)."""
-    taken = set()
-    for sub in subs:
-        base = name = safe_name(sub["student"])
-        k = 1
-        while name.casefold() in taken:
-            k += 1
-            name = f"{base}-{k}"
-        taken.add(name.casefold())
-        sub["safe"] = name
-
-
 def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
               box: sandbox.Sandbox | None = None) -> dict:
     """Grade one submission and write its feedback; returns its CSV row (never raises).
 
     Its runs' scratch folders (under ``tmp``) are removed once it is graded."""
     student = sub["student"]
-    safe = sub.get("safe") or safe_name(student)
+    safe = sub["safe"]
     row = {"student": student, "lab": lab_name,
            "file": str(sub["path"].relative_to(sub["root"])) if sub.get("path") else ""}
     sub["file"] = row["file"]
     result: dict = {}
     try:
-        nb, reason = _load(sub["path"]) if sub.get("path") else (None, sub.get("detail") or "no file")
+        nb, reason = load(sub["path"]) if sub.get("path") else (None, sub.get("detail") or "no file")
         if nb is None:
             result = {"invalid-notebook": reason, "checks": {
                 grade_id(c): {"passed": False, "points": 0, "max_points": c.metadata.nbgrader["points"],
@@ -397,7 +281,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     out = Path(out) if out else folder.with_name(folder.name + "-grades")
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
-    _unique_safe_names(subs)
+    unique_safe_names(subs)
     check_ids = [grade_id(c) for c in lesson.cells if is_grade(c)]
     columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *META_KEYS]
     rows, lock = [], threading.Lock()

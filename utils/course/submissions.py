@@ -1,0 +1,130 @@
+"""Finding a class's submissions in a folder and reading each one, as the grader (``grade``) does.
+
+A submission is never trusted: links are never followed, a file over :data:`MAX_SUBMISSION_BYTES`
+is not read, and JSON is parsed first in a memory-limited child (``grading.parse_untrusted_json``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import nbformat
+
+from .grading import parse_untrusted_json
+
+MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
+
+
+def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -> list[dict]:
+    """One dict per student: {"student", "path" (or None), "flags": [...], "detail"}.
+
+    ``<student>.ipynb`` files and ``<student>/`` folders; in a folder, the notebook named like the
+    lab, else its only notebook (flagged renamed), else its only file. Hidden files, checkpoints and
+    the grader's own output are skipped.
+    """
+    skip = {".ipynb_checkpoints", "__MACOSX"}
+    subs = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(".") or entry.name in skip or (exclude and entry.resolve() == exclude.resolve()):
+            continue
+        student = entry.name[: -len(".ipynb")] if entry.name.endswith(".ipynb") else entry.name.split(".")[0]
+        if entry.is_symlink():  # never followed: it could point at the lesson (the answers) or anywhere
+            subs.append({"student": student, "path": None, "flags": ["symlink"],
+                         "detail": "a symbolic link, not a file: not graded (hand in the notebook itself)"})
+        elif entry.is_file():
+            flags = [] if entry.suffix == ".ipynb" else ["renamed"]
+            subs.append({"student": student, "path": entry, "flags": flags,
+                         "detail": "" if not flags else f"file {entry.name!r} is not named .ipynb"})
+        elif entry.is_dir():
+            files, links = _folder_files(entry, skip)
+            notebooks = [p for p in files if p.suffix == ".ipynb"]
+            exact = [p for p in notebooks if p.name == f"{lab_name}.ipynb"]
+            chosen, flags, details = None, [], []
+            if exact:
+                chosen = exact[0]
+            elif notebooks or files:
+                candidates = notebooks or files
+                chosen = candidates[0]
+                flags.append("renamed")
+                details.append(f"expected {lab_name}.ipynb, graded {chosen.relative_to(entry)}"
+                               + (f" (first of {len(candidates)})" if len(candidates) > 1 else ""))
+                if len(candidates) > 1:
+                    flags.append("several-notebooks")
+            else:
+                flags.append("no-notebook")
+                details.append("no notebook in the folder")
+            if links:
+                flags.append("symlink")
+                details.append(f"{len(links)} symbolic link(s) in the folder ignored")
+            subs.append({"student": entry.name, "path": chosen, "flags": flags, "detail": "; ".join(details)})
+        else:
+            subs.append({"student": student, "path": None, "flags": ["not-a-file"],
+                         "detail": "not a regular file or folder: not graded"})
+    return subs
+
+
+def _folder_files(folder: Path, skip: set) -> tuple[list[Path], list[Path]]:
+    """(regular files, symbolic links) under a student's folder, hidden ones skipped, links not followed."""
+    files, links = [], []
+    for root, dirs, names in os.walk(folder):
+        for d in [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            links.append(Path(root, d))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip
+                         and not os.path.islink(os.path.join(root, d)))
+        for name in names:
+            path = Path(root, name)
+            if name.startswith("."):
+                continue
+            if path.is_symlink():
+                links.append(path)
+            elif path.is_file():
+                files.append(path)
+    return sorted(files), links
+
+
+def load(path: Path):
+    """(notebook, None) or (None, reason) for a file that is not a readable v4 notebook."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SUBMISSION_BYTES:
+            return None, f"{size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a lab can be"
+        data = path.read_bytes()
+        data.decode("utf-8")
+        raw = parse_untrusted_json(data)
+    except UnicodeDecodeError:
+        return None, "not a text file"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg}, line {e.lineno})"
+    except ValueError as e:
+        return None, f"not readable ({e})"
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        return None, "JSON, but not a notebook (no 'cells' list)"
+    if raw.get("nbformat") != 4:
+        return None, f"notebook format {raw.get('nbformat')!r}; version 4 expected"
+    try:
+        return nbformat.reads(json.dumps(raw), as_version=4), None
+    except Exception as e:  # nbformat's own reader refuses it
+        return None, f"not a readable notebook ({type(e).__name__}: {str(e)[:200]})"
+
+
+def safe_name(student: str) -> str:
+    """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``."""
+    name = re.sub(r"[^\w.-]+", "_", student)[:100].strip(".")
+    return (name[: -len(".md")] if name.endswith(".md") else name) or "student"
+
+
+def unique_safe_names(subs: list[dict]) -> None:
+    """Give each submission its own ``safe`` name (``-2``, ``-3`` ... on a clash, case ignored)."""
+    taken = set()
+    for sub in subs:
+        base = name = safe_name(sub["student"])
+        k = 1
+        while name.casefold() in taken:
+            k += 1
+            name = f"{base}-{k}"
+        taken.add(name.casefold())
+        sub["safe"] = name
