@@ -124,3 +124,15 @@ def test_every_student_gets_a_feedback_file_of_their_own():
     subs = [{"student": s} for s in ("名字", "张伟", "a b", "a_b", "A_B", "../etc", "")]
     submissions.unique_safe_names(subs)
     assert [s["safe"] for s in subs] == ["名字", "张伟", "a_b", "a_b-2", "A_B-3", "_etc", "student"]
+
+
+def test_grades_csv_never_holds_a_formula(tmp_path):
+    # A student's name or self-reported hardware is shown as text by a spreadsheet, whatever it is.
+    rows = [{"student": "=HYPERLINK(\"http://x\",\"a\")", "total": -1, "hardware": "@SUM(A1)" + "x" * 500},
+            {"student": "bob", "total": 3, "hardware": "CPU (2 cores)"}]
+    grade.write_csv(rows, ["student", "total", "hardware"], tmp_path / "grades.csv")
+    with open(tmp_path / "grades.csv", newline="", encoding="utf-8") as f:
+        got = list(csv.DictReader(f))
+    assert got[0]["student"] == "'=HYPERLINK(\"http://x\",\"a\")" and got[0]["total"] == "-1"
+    assert got[0]["hardware"].startswith("'@SUM") and len(got[0]["hardware"]) == 201
+    assert got[1] == {"student": "bob", "total": "3", "hardware": "CPU (2 cores)"}

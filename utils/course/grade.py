@@ -249,13 +249,22 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     return row
 
 
+def _cell_text(value):
+    """A CSV cell a spreadsheet shows as text: what a student wrote (a name, a self-reported record) is
+    cut to 200 characters and never starts like a formula (``=HYPERLINK(...)`` is quoted)."""
+    if not isinstance(value, str):
+        return value
+    value = value[:200]
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 def write_csv(rows: list[dict], columns: list[str], path: Path) -> None:
     """Write the rows (sorted by student) atomically: a crash never leaves a half-written file."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in sorted(rows, key=lambda r: r["student"]):
-        writer.writerow(row)
+        writer.writerow({k: _cell_text(v) for k, v in row.items()})
     tmp = path.with_suffix(".csv.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     tmp.replace(path)
