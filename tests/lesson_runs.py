@@ -25,6 +25,7 @@ import nbformat
 import pytest
 from nbval.plugin import IPyNbCell, IPyNbFile, coalesce_streams, find_comment_markers, find_metadata_tags
 
+from utils import headlines
 from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
 from utils.course.lessons import lesson_number
 from utils.records import read_records
@@ -64,6 +65,19 @@ class LessonRuns:
 
     def records(self, lesson: str) -> dict:
         return read_records(self.notebook(lesson))
+
+    def headline(self, lesson: str) -> list[dict]:
+        """The lesson's headline read from its records (``utils.headlines.rows``), after checking that it
+        declared one with a ``tiny`` time target and that its run recorded every value and error it names."""
+        records = self.records(lesson)
+        declaration = records.get(f"{lesson}/headline")
+        assert declaration, f"lesson {lesson} declares no headline (utils.headline(...) after its records)"
+        assert declaration["tiny_target_s"], f"lesson {lesson}'s headline sets no tiny_target_s"
+        rows = headlines.rows(declaration, records)
+        for row in rows:
+            assert all(s["value"] is not None for s in row["stages"]), f"{row['name']}: a value was not recorded"
+            assert "not recorded" not in row["noise"], f"{row['name']}: {row['noise']}"
+        return rows
 
 
 # ----------------------------------------------------------------------------- pytest hooks

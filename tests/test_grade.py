@@ -100,6 +100,7 @@ def test_feedback_per_student(graded):
     alice = (fb / "alice.md").read_text()
     assert "**Score: 8 / 8**" in alice and "self-reported" in alice
     assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
+    assert "  format compliance, base → SFT   0.000 ± 0.000 → 1.000 ± 0.000   +100.0 ± 0.0 pts" in alice
     assert (fb / "alice" / "figure-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bob = (fb / "bob.md").read_text()
     assert "hidden test: pad with the given pad_token_id" in bob, "a hidden test's message reaches the student"
@@ -111,6 +112,21 @@ def test_feedback_per_student(graded):
     assert "kernel crash" in (fb / "ivan.md").read_text()
     assert "no records" in (fb / "grace.md").read_text()
     assert "is the lab '06_quantization', not '01_sft_from_scratch'" in (fb / "kim.md").read_text()
+
+
+def test_feedback_shows_the_course_headline_of_a_self_reported_run():
+    course = grade.course_headline(nbformat.read(labs.lesson_paths(["01"])[0], as_version=4))
+    assert [e["name"] for e in course["results"]] == ["format compliance", "accuracy"]
+    records = {"01/preset": "tiny", "01/n_test": 100, "01/accuracy_before": 0.1, "01/accuracy_after": 0.3,
+               "01/lora_accuracy": "|x|\n# fake", "01/format_compliance_after": float("nan"),
+               # a student's own declaration is never what the feedback reads
+               "01/headline": {"results": [{"name": "PERFECT SCORE", "values": {"a": "n_test"}, "noise": "-"}]}}
+    text = grade.feedback_markdown("ann", "01_sft_from_scratch", {"flags": []}, {"records": records}, "ann", course)
+    assert "PERFECT SCORE" not in text.split("<details>")[0]
+    assert "format compliance, base → SFT   not recorded → not recorded" in text
+    assert "      full SFT  0.300 ± 0.046   +20.0 ± 5.5 pts vs base" in text
+    assert '| 01/lora_accuracy | "\\|x\\|\\n# fake" |' in text    # a record never breaks the table
+    assert grade.course_headline(nbformat.v4.new_notebook()) is None
 
 
 def test_usage_errors(tmp_path, capsys):

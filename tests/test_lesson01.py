@@ -38,3 +38,7 @@ def test_lora_and_the_mask_as_the_lesson_reads_them(records):
     # "the mask changes little here: the two runs are within noise" (differences +0.02, -0.03, +0.025 in seeds 0-2)
     p, n = records["01/accuracy_after"], records["01/n_test"]
     assert abs(records["01/nomask_accuracy"] - p) < 2 * (2 * p * (1 - p) / n) ** 0.5
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("01")) >= 2

@@ -34,3 +34,7 @@ def test_lora_and_qlora_figures(records):
     for run in ("sft", "lora", "qlora"):
         assert records[f"02/peak_rss_mb_{run}"] > 100
         assert records[f"02/peak_gpu_mb_{run}"] is None  # CPU run
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("02")) >= 2

@@ -44,3 +44,7 @@ def test_beta_sweep(records):
         assert records[f"03/kl_beta_{b}"] > 0 and 0 < records[f"03/kl_se_beta_{b}"] < records[f"03/kl_beta_{b}"] / 4
         # "the preference that matters here (work, do not guess) is learned at every beta"
         assert records[f"03/task_accuracy_beta_{b}"] >= records["03/sft_accuracy"] + 0.07
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("03")) >= 2

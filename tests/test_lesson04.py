@@ -47,3 +47,7 @@ def test_larger_groups_carry_more_signal(records):
     assert records["04/all_wrong_T1.0_G8"] > records["04/zero_std_T1.0_G8"] / 2
     # lesson 05 recalls that in this run frac_reward_zero_std was "a large share of every batch": 0.57-0.65
     assert records["04/frac_reward_zero_std_mean"] > 0.3
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("04")) >= 2

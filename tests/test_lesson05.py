@@ -93,3 +93,7 @@ def test_test_time_compute(records):
     assert sum(records[f"05/bucket_{b}_size"] for b in ("hard", "medium", "easy")) == records["05/ttc_problems"]
     assert records["05/n_match"] > 1
 
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("05")) >= 2

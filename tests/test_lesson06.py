@@ -32,3 +32,7 @@ def test_qlora_trains_and_saves_memory(records):
     assert records["06/qlora_format_compliance"] >= 0.9, "QLoRA on the NF4 base learns the chat format"
     mb = {k.split("/")[-1]: v for k, v in records.items() if k.startswith("06/training_mb/")}
     assert mb["qlora_nf4_base"] < mb["lora_bf16_base"] < mb["full_fp32"]
+
+
+def test_headline_is_declared_and_read_from_the_run(lesson_runs):
+    assert len(lesson_runs.headline("06")) >= 2

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ record("99/tqdm_disable", os.environ.get("TQDM_DISABLE"))
 record("99/hash_of_a_string", hash("post-training"))
 import torch
 record("99/cpu_capability", torch.backends.cpu.get_cpu_capability())
+from utils import headline
+headline("99", [{{"name": "accuracy", "values": {{"run": "accuracy"}}, "n": 200}}], tiny_target_s=600)
 import matplotlib.pyplot as plt
 plt.plot([0, 1], [1, 0]); plt.title("a figure")
 plt.show()"""
@@ -142,10 +145,15 @@ def test_records_parameters_and_environment(full_run):
 def test_summary_table_json_png_and_log(full_run):
     out, console = full_run["out"], full_run["console"]
     assert (out / "summary.png").stat().st_size > 0
-    for column in ("lesson", "preset", "model", "device", "wall_s", "status"):
-        assert column in console
-    assert "accuracy" in console and "0.500" in console and "2.250" in console
-    assert "99/accuracy" not in console  # keys are shown without the lesson prefix
+    # each lesson: its status, time against its target, what it ran on, and its declared headline only
+    assert re.search(r"^02_fine  ok  \d+ s of a 10 min target  \(tiny · fake-model · cpu\)$", console, re.M)
+    assert "  accuracy (run)   0.500 ± 0.035   [SE over 200 problems]" in console
+    assert "2.250" not in console and "99/accuracy" not in console  # every record: --all, and summary.json
+    assert re.search(r"^01_boom  failed  \d+ s", console, re.M) and "declares no headline" in console
+    saved = full_run["summary"]["02_fine"]
+    assert saved["records"]["99/loss"] == 2.25 and saved["tiny_target_s"] == 600
+    assert saved["headline"] == [{"name": "accuracy", "unit": "share", "noise": "SE over 200 problems",
+                                  "stages": [{"label": "run", "value": 0.5, "se": 0.5 / 200 ** 0.5}]}]
     log = (out / "run.log").read_text()
     assert "hello from the kernel" in log and "about to fail" in log  # the kernels' output
     assert "start 01_boom" in log and "end 02_fine" in log

@@ -1,15 +1,16 @@
 """Shared helpers for the post-training course lessons.
 
 Kept deliberately small: only what several lessons reuse lives here. Import the
-submodules you need (``from utils import data, rewards, evaluation``); the two
-functions every lesson uses are re-exported at the top level.
+submodules you need (``from utils import data, rewards, evaluation``); the three
+functions every lesson uses (``record``, ``read_records``, ``headline``) are re-exported at the top level.
 """
 import logging as _logging
 import warnings as _warnings
 
+from .headlines import headline
 from .records import read_records, record
 
-__all__ = ["record", "read_records"]
+__all__ = ["headline", "record", "read_records"]
 
 # Messages a student cannot act on, silenced narrowly (by message and module), never globally:
 # - tqdm in a kernel without ipywidgets falls back to text bars (that is fine);

@@ -96,13 +96,14 @@ def _in_ipython() -> bool:
     return get_ipython() is not None
 
 
-def record(key: str, value) -> None:
+def record(key: str, value, text: str | None = None) -> None:
     """Record ``value`` under ``key`` (e.g. ``"grpo/heldout_accuracy_after"``).
 
     The value is converted to plain JSON (numpy / torch scalars via ``.item()``,
     tuples to lists), stored in ``RECORDS``, and, inside an IPython kernel, emitted as
     a display output of type ``RECORD_MIME`` so that it is saved in the notebook.
-    Outside IPython the same one-line summary is printed.
+    Outside IPython the same one-line summary is printed (``text``, when given, replaces
+    that line: for a value too long to read on one).
 
     Raises ValueError for a malformed key or a NaN/inf value (record None when a
     metric is undefined), TypeError for a value that has no JSON form.
@@ -115,7 +116,7 @@ def record(key: str, value) -> None:
         )
     value = _to_json(value, key)
     RECORDS[key] = value
-    text = f"[record] {key} = {_show(value)}"
+    text = text or f"[record] {key} = {_show(value)}"
 
     if _in_ipython():
         from IPython.display import display

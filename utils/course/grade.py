@@ -51,6 +51,7 @@ from pathlib import Path
 
 import nbformat
 
+from .. import headlines
 from ..constants import META_KEYS
 from ..records import read_records
 from . import labs, sandbox
@@ -122,6 +123,15 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
             "attempts": attempt + 1}
 
 
+def course_headline(lesson) -> dict | None:
+    """The headline the course's executed lesson declared (``NN/headline``), or None when it has none."""
+    try:
+        found = [v for k, v in read_records(lesson).items() if k.split("/", 1)[-1] == "headline"]
+        return headlines.check(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
 def self_reported(nb) -> tuple[dict, list, list[str]]:
     """(records, figures as PNG bytes, problems) read from the student's executed notebook."""
     problems = []
@@ -156,7 +166,15 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     return flags
 
 
-def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_dir: str) -> str:
+def _shown(value) -> str:
+    """A self-reported record as a markdown table cell (any JSON a notebook holds; never breaks the table)."""
+    text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
+    return text[:200].replace("|", "\\|").replace("\n", " ")
+
+
+def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_dir: str,
+                      headline: dict | None = None) -> str:
+    """The student's feedback; ``headline``: the lesson's declared headline (``utils.headlines``)."""
     checks = result.get("checks", {})
     total, maximum = sum(c["points"] for c in checks.values()), sum(c["max_points"] for c in checks.values())
     lines = [f"# {lab_name}: feedback for {student}", "",
@@ -188,11 +206,18 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     meta = meta_of(records)
     lines.append("Ran with " + ", ".join(f"{k} `{v if v is not None else 'unknown'}`" for k, v in meta.items()) + ".")
     lines.append("")
-    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in META_KEYS}
+    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in (*META_KEYS, "headline")}
+    if metrics and headline:   # the course's declaration (never the student's), read against their records
+        try:
+            block = headlines.block(headline, records)
+        except Exception as e:  # noqa: BLE001 -- a student's records must never cost them the feedback
+            block = [f"(could not be read from your records: {type(e).__name__})"]
+        lines += ["What the lesson exists to show, from your records (`make run` prints the same block):", "",
+                  "```", *block, "```", "", headlines.FOOTNOTE, ""]
     if metrics:
-        lines += ["| record | value |", "|---|---|"]
-        lines += [f"| {k} | {json.dumps(v) if not isinstance(v, float) else f'{v:.4g}'} |" for k, v in metrics.items()]
-        lines.append("")
+        lines += ["<details><summary>Every record of your run</summary>", "", "| record | value |", "|---|---|"]
+        lines += [f"| {k} | {_shown(v)} |" for k, v in metrics.items()]
+        lines += ["", "</details>", ""]
     for problem in result.get("result_problems", []):
         lines.append(f"- {problem}")
     if figures:
@@ -202,7 +227,7 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
 
 
 def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
-              box: sandbox.Sandbox | None = None) -> dict:
+              box: sandbox.Sandbox | None = None, headline: dict | None = None) -> dict:
     """Grade one submission and write its feedback; returns its CSV row (never raises).
 
     Its runs' scratch folders (under ``tmp``) are removed once it is graded."""
@@ -244,7 +269,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
     (out / "feedback").mkdir(parents=True, exist_ok=True)
-    feedback = feedback_markdown(student, lab_name, sub, result, safe)
+    feedback = feedback_markdown(student, lab_name, sub, result, safe, headline)
     (out / "feedback" / f"{safe}.md").write_text(feedback, encoding="utf-8")
     return row
 
@@ -287,6 +312,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     lab_name = lesson_path.stem
     lesson = nbformat.read(lesson_path, as_version=4)
     lab_nb = labs.lab_for(lesson_path)
+    headline = course_headline(lesson)
     out = Path(out) if out else folder.with_name(folder.name + "-grades")
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
@@ -305,7 +331,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     def work(sub):
         t = time.perf_counter()
         try:
-            row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box)
+            row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box, headline)
         except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
             row = {"student": sub["student"], "lab": lab_name, "total": 0, "max": 0,
                    "flags": " ".join([*sub["flags"], "grader-error"]), "file": ""}

@@ -18,8 +18,11 @@ Output layout, under ``--out`` (default ``runs/<preset>``)::
     NN_name.ipynb    the executed copy of the lesson (records are read back from it)
     NN_name/         the lesson's OUTPUT_DIR (checkpoints, adapters, ...)
     run.log          appended: timestamps, lesson start/end, everything the kernel printed
-    summary.json     one dict per lesson run by this invocation, with all its records
-    summary.png      a bar chart per lesson of its records in [0, 1], and wall time per lesson
+    summary.json     one dict per lesson run by this invocation: all its records, its headline evaluated
+    summary.png      a panel per lesson with its headline results (± one standard error), and wall times
+
+The console summary ends each lesson with its headline (``utils.headlines``): the two to four
+results it exists to show, with their noise; ``--all`` prints every record as well.
 
 Exit status: 0 when every lesson succeeded, 1 when one failed, 2 for a usage error
 (unknown lesson, --inplace with a GPU preset), 130 when interrupted with Ctrl-C.
@@ -282,6 +285,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="per-cell execution timeout in seconds (default: none)")
     p.add_argument("--inplace", action="store_true",
                    help="execute on tiny and write the cleaned notebooks back over notebooks/ (make notebooks)")
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="print every record of each lesson in the summary, not only its headline")
     p.add_argument("--bench", action="store_true",
                    help="also measure peak RSS per lesson; write report.json/report.md/history.jsonl")
     p.add_argument("--notebooks", type=Path, default=NOTEBOOKS_DIR if NOTEBOOKS_DIR.is_dir() else LABS_DIR,
@@ -319,9 +324,10 @@ def main(argv=None) -> int:
                 log.info(f"===== interrupted during {notebook.stem}")
                 results.append({"lesson": notebook.stem, "notebook": str(out_dir / notebook.name), "preset": preset,
                                 "model": None, "device": None, "wall_s": None, "status": "interrupted",
-                                "error": None, "records": {}})
+                                "source": str(notebook), "error": None, "records": {}})
                 interrupted = True
                 break
+            result["source"] = str(notebook)
             results.append(result)
             if result["status"] == "ok":
                 extra = f", peak RSS {result['peak_rss_mb']:.0f} MB" if args.bench else ""
@@ -337,7 +343,7 @@ def main(argv=None) -> int:
         if interrupted:
             gc.collect()  # the interrupted kernel's asyncio tasks complain now, into the log
 
-        summarize(results, out_dir)
+        summarize(results, out_dir, args.show_all)
         if args.bench:
             write_bench(results, Path(args.out) if args.out else REPO_ROOT / "bench")
 

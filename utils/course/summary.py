@@ -1,18 +1,24 @@
-"""What a run of the lessons showed: the console table, ``summary.png``, and the benchmark report.
+"""What a run of the lessons showed: each lesson's headline on the console, ``summary.json``, and the benchmark report.
 
-``python -m utils run`` ends with :func:`summarize`; ``--bench`` adds :func:`write_bench`.
+``python -m utils run`` ends with :func:`summarize` (its picture, ``summary.png``, is drawn by
+:mod:`utils.course.figures`); ``--bench`` adds :func:`write_bench`.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import subprocess
+import textwrap
 from pathlib import Path
 
+from .. import headlines
 from ..constants import REPO_ROOT
-from .lessons import metrics_of
+from ..records import read_records
+from .figures import plot_summary
+from .lessons import meta_of, metrics_of
 
 
 def describe_error(result: dict) -> str:
@@ -23,64 +29,81 @@ def describe_error(result: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- summary
-def format_table(results: list[dict]) -> str:
-    """The console summary: one row per lesson, then its metrics indented below it."""
-    header = ("lesson", "preset", "model", "device", "wall_s", "status")
-    rows = [tuple(str(r.get(k) if r.get(k) is not None else "-") if k != "wall_s"
-                  else (f"{r['wall_s']:.1f}" if r.get("wall_s") is not None else "-") for k in header)
-            for r in results]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) if i != 4 else str(c).rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    lines = [line(header), line(["-" * w for w in widths])]
-    for r, row in zip(results, rows):
-        lines.append(line(row))
-        if r.get("error"):
-            lines.append(f"    error: {describe_error(r)}")
-        metrics = metrics_of(r.get("records", {}))
+def declaration_of(result: dict) -> dict | None:
+    """The headline a lesson declared: from its run's records, else from the committed lesson it ran
+    (``result["source"]``, when that notebook holds its outputs), else None."""
+    sources = [result.get("records") or {}]
+    if result.get("source"):
+        with contextlib.suppress(OSError, ValueError):
+            sources.append(read_records(result["source"]))
+    for records in sources:
+        found = next((v for k, v in records.items() if k.split("/", 1)[-1] == "headline"), None)
+        if found is not None:
+            return found
+    return None
+
+
+def duration(seconds: float) -> str:
+    """'1 min 49 s', '2 min', '58 s'."""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{secs} s" if not minutes else f"{minutes} min" if not secs else f"{minutes} min {secs:02d} s"
+
+
+def lesson_block(result: dict, show_all: bool = False) -> list[str]:
+    """One lesson's part of the summary: status, wall time against its target, what it ran on, then its
+    headline (``utils.headlines``) -- every record too with ``show_all``."""
+    records = result.get("records") or {}
+    declaration = declaration_of(result)
+    wall = result.get("wall_s")
+    time = duration(wall) if wall is not None else "-"
+    target = (declaration or {}).get("tiny_target_s") if result.get("preset") == "tiny" else None
+    if target and wall is not None:
+        time += f" of a {duration(target)} target" + (" (OVER)" if wall > target else "")
+    meta = meta_of(records)
+    ran_on = " · ".join(str(v) for v in (result.get("preset"), meta["model"], meta["hardware"] or result.get("device"))
+                        if v)
+    lines = [f"{result['lesson']}  {result['status']}  {time}" + (f"  ({ran_on})" if ran_on else "")]
+    if result.get("error"):
+        lines.append(f"  error: {describe_error(result)}")
+    if declaration is None:
+        lines.append("  (this lesson declares no headline: see every record with --all)")
+    else:
+        try:
+            lines += headlines.block(declaration, records)
+        except ValueError as e:
+            lines.append(f"  headline unreadable: {e}")
+    if show_all:
+        metrics = metrics_of(records)
         width = max((len(k) for k in metrics), default=0)
-        lines += [f"    {k.ljust(width)}  {v:.3f}" for k, v in metrics.items()]
-    return "\n".join(lines)
+        lines += [f"    {k.ljust(width)}  {v:.4g}" for k, v in metrics.items()]
+    return lines
 
 
-def plot_summary(results: list[dict], path: Path) -> None:
-    """Save one small bar chart per lesson (its records in [0, 1]) and one of wall time per lesson."""
-    from matplotlib.figure import Figure  # no pyplot: works without a display, leaves no global state
-
-    from ..plots import bar_compare
-
-    n = len(results) + 1
-    ncols = min(3, n)
-    nrows = -(-n // ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, r in zip(axes, results):
-        title = r["lesson"] + ("" if r["status"] == "ok" else f" ({r['status']})")
-        shares = {k: v for k, v in metrics_of(r.get("records", {})).items() if 0 <= v <= 1}
-        if shares:
-            bar_compare(shares, title=title, ylabel="value (0-1)", ax=ax, xlabel="record")
-            ax.set_ylim(0, 1.12)
-            ax.tick_params(axis="x", labelsize=7)
-        else:
-            ax.text(0.5, 0.5, "no records in [0, 1]", ha="center", va="center", transform=ax.transAxes)
-            ax.set(title=title, xlabel="record", ylabel="value (0-1)", xticks=[], yticks=[])
-    walls = {r["lesson"]: r["wall_s"] or 0.0 for r in results}
-    bar_compare(walls, title="Wall time per lesson", ylabel="seconds", ax=axes[len(results)],
-                fmt="{:.1f} s", xlabel="lesson")
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    fig.savefig(path, dpi=100)
+def format_summary(results: list[dict], show_all: bool = False) -> str:
+    """The console summary: a block per lesson (:func:`lesson_block`) and what the ± means."""
+    blocks = ["\n".join(lesson_block(r, show_all)) for r in results]
+    return "\n\n".join(blocks + [textwrap.fill(headlines.FOOTNOTE, 110)])
 
 
-def summarize(results: list[dict], out_dir: Path) -> str:
-    """Print the summary table and save summary.json and summary.png in ``out_dir``; return the table."""
-    table = format_table(results)
-    print("\n" + table)
-    (out_dir / "summary.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+def summarize(results: list[dict], out_dir: Path, show_all: bool = False) -> str:
+    """Print the summary and save summary.json (every record, and each headline evaluated) and summary.png
+    in ``out_dir``; return the printed text."""
+    text = format_summary(results, show_all)
+    print("\n" + text)
+    saved = []
+    for r in results:
+        declaration = declaration_of(r)
+        try:
+            rows = headlines.rows(declaration, r.get("records") or {}) if declaration else None
+        except ValueError:
+            rows = None
+        saved.append({**r, "headline": rows, "tiny_target_s": (declaration or {}).get("tiny_target_s")})
+    (out_dir / "summary.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
     if results:
-        plot_summary(results, out_dir / "summary.png")
-    print(f"\nsummary: {out_dir / 'summary.json'}, {out_dir / 'summary.png'}; log: {out_dir / 'run.log'}")
-    return table
+        plot_summary(saved, out_dir / "summary.png")
+    print(f"\nsummary: {out_dir / 'summary.json'}, {out_dir / 'summary.png'}; every record: --all; "
+          f"log: {out_dir / 'run.log'}")
+    return text
 
 
 # ----------------------------------------------------------------------------- bench

@@ -1,0 +1,217 @@
+"""A lesson's headline: the two to four results it exists to show, each with its noise.
+
+Every lesson ends its results cell by declaring them, as plain data, after its records::
+
+    utils.headline("04", [
+        {"name": "greedy accuracy", "values": {"SFT": "sft_accuracy", "GRPO": "grpo_accuracy"},
+         "n": "n_test"},                                        # binomial SE over n_test problems
+        {"name": "naive reward, hacked run", "unit": "reward",
+         "values": {"before": "hack_naive_reward_before", "after": "hack_naive_reward_after"},
+         "noise": "one run"},                                   # no standard error: say why
+    ], tiny_target_s=180)
+
+An entry names the records it reads (``values``: stage label -> record name, without the lesson
+prefix, in the order shown) and how noisy they are, in exactly one of these ways:
+
+* ``"n"``: a record name or a number of problems: the binomial standard error sqrt(p (1 - p) / n)
+  of a share (``unit`` "share", the default). For a share averaged over several samples per
+  problem it is an upper bound (a per-problem mean in [0, 1] varies no more than a coin).
+* ``"se"``: stage label -> the record holding that value's standard error.
+* ``"noise"``: a few words saying why there is no standard error ("exact", "one timing").
+
+``"seed_std"`` (stage label -> record of the spread over seeds) with ``"seeds"`` (the record of
+the seed count) takes precedence over ``"n"`` when two or more seeds ran: the standard error of the
+mean over seeds, sd / sqrt(seeds). ``"of"`` names what ``n`` counts ("problems" by default).
+
+:func:`headline` records the declaration as ``"NN/headline"`` and prints the block below from the
+records made so far; ``python -m utils run`` prints the same block for each lesson it ran, and the
+grader's feedback shows it for a student's self-reported run. Pure Python (no torch, no numpy).
+"""
+from __future__ import annotations
+
+import math
+
+from .records import RECORDS, record
+
+SHARE = "share"
+NOISE_KINDS = ("n", "se", "noise")
+ENTRY_KEYS = {"name", "values", "unit", "of", "seed_std", "seeds", *NOISE_KINDS}
+FOOTNOTE = ("± is one standard error (binomial over the problems for a share, or over seeds where several ran); "
+            "a difference's ± treats its two sides as independent, and 'within noise' means it is under two of them.")
+
+
+# ----------------------------------------------------------------------------- the declaration
+def check(declaration) -> dict:
+    """``declaration`` ({"results": [...], "tiny_target_s": ...}) with each entry's ``values`` as a list
+    of [label, record] pairs (the order a dict gave them, which a notebook's sorted JSON would lose);
+    ValueError saying which entry is wrong and how when it is malformed."""
+    if not isinstance(declaration, dict) or not isinstance(declaration.get("results"), list):
+        raise ValueError("a headline is {'results': [entry, ...], 'tiny_target_s': seconds or None}")
+    target = declaration.get("tiny_target_s")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
+        raise ValueError(f"headline: tiny_target_s must be a positive number of seconds or None, got {target!r}")
+    entries = list(declaration["results"])
+    if not 1 <= len(entries) <= 4:
+        raise ValueError(f"headline: declare the one to four results the lesson exists to show, not {len(entries)}")
+    for i, e in enumerate(entries):
+        where = f"headline entry {i}" + (f" ({e.get('name')!r})" if isinstance(e, dict) else "")
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not e["name"]:
+            raise ValueError(f"{where}: needs a 'name' (str)")
+        unknown = set(e) - ENTRY_KEYS
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(ENTRY_KEYS)}")
+        values = e.get("values")
+        if isinstance(values, dict):   # kept in order as [label, record] pairs: a notebook sorts JSON keys
+            values = [[k, v] for k, v in values.items()]
+        if not isinstance(values, list) or not values or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in values):
+            raise ValueError(f"{where}: 'values' maps each stage label to a record name, e.g. "
+                             "{'SFT': 'sft_accuracy', 'GRPO': 'grpo_accuracy'}")
+        labels = [label for label, _ in values]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"{where}: stage labels repeat: {labels}")
+        entries[i] = e = {**e, "values": [list(p) for p in values]}
+        kinds = [k for k in NOISE_KINDS if k in e]
+        if len(kinds) != 1:
+            raise ValueError(f"{where}: say how noisy it is with exactly one of 'n' (binomial, a share), 'se' "
+                             f"(a record per stage) or 'noise' (why there is none); got {kinds or 'none'}")
+        unit = e.get("unit", SHARE)
+        if not isinstance(unit, str):
+            raise ValueError(f"{where}: 'unit' is a string such as 'share', 'MB' or 'tokens'")
+        if "n" in e and (unit != SHARE or isinstance(e["n"], bool) or not isinstance(e["n"], (str, int))):
+            raise ValueError(f"{where}: 'n' (a record name or a count) gives a binomial error, for a share only")
+        for key in ("se", "seed_std"):
+            if key in e and (not isinstance(e[key], dict) or set(e[key]) - set(labels)):
+                raise ValueError(f"{where}: {key!r} maps stage labels of 'values' to record names")
+        if ("seed_std" in e) != ("seeds" in e) or ("seed_std" in e and "n" not in e):
+            raise ValueError(f"{where}: 'seed_std' goes with 'seeds' (the record of the seed count) and 'n' "
+                             "(the binomial error used when one seed ran)")
+        if "noise" in e and not isinstance(e["noise"], str):
+            raise ValueError(f"{where}: 'noise' is a few words saying why there is no standard error")
+    return {"results": entries, "tiny_target_s": target}
+
+
+def headline(lesson: str, results: list[dict], tiny_target_s: float | None = None) -> None:
+    """Record lesson ``lesson``'s headline (``"NN/headline"``) and print it from the records made so far.
+
+    ``results``: the entries described in the module docstring; ``tiny_target_s``: the wall time the
+    lesson's ``tiny`` run is meant to stay within (its issue's target). Taught in every lesson's results cell.
+    """
+    declaration = check({"results": results, "tiny_target_s": tiny_target_s})
+    record(f"{lesson}/headline", declaration, text=f"[record] {lesson}/headline ({len(results)} results, below)")
+    print("\n".join(block(declaration, {k: v for k, v in RECORDS.items() if k.startswith(f"{lesson}/")})))
+
+
+# ----------------------------------------------------------------------------- reading it against records
+def _number(value):
+    """A finite float, or None for anything else (a record may come from a student's notebook: any JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def rows(declaration: dict, records: dict) -> list[dict]:
+    """Each entry of ``declaration`` evaluated on ``records`` (full keys "NN/name" or bare names):
+    ``{"name", "unit", "noise", "stages": [{"label", "value", "se"}, ...]}``; a value or error that was
+    not recorded is None."""
+    flat = {k.split("/", 1)[-1]: v for k, v in records.items()}
+    out = []
+    for e in check(declaration)["results"]:
+        unit = e.get("unit", SHARE)
+        values = {label: _number(flat.get(key)) for label, key in e["values"]}
+        seeds = _number(flat.get(e["seeds"])) if "seeds" in e else None
+        spread = {label: _number(flat.get(key)) for label, key in e.get("seed_std", {}).items()}
+        ses: dict = {label: None for label in values}
+        if seeds and seeds >= 2 and spread and None not in spread.values():
+            ses.update({label: spread[label] / math.sqrt(seeds) for label in spread})
+            noise = f"SE over {int(seeds)} seeds"
+        elif "n" in e:
+            n = _number(e["n"] if isinstance(e["n"], int) else flat.get(e["n"]))
+            what = e.get("of", "problems")
+            n = n if n and n >= 1 else None
+            noise = f"SE over {int(n)} {what}" if n else f"SE: the number of {what} was not recorded"
+            ses = {label: math.sqrt(v * (1 - v) / n) if n and v is not None and 0 <= v <= 1 else None
+                   for label, v in values.items()}
+        elif "se" in e:
+            ses.update({label: _number(flat.get(key)) for label, key in e["se"].items()})
+            noise = "SE" + (f" over {e['of']}" if "of" in e else "")
+        else:
+            noise = e["noise"]
+        out.append({"name": e["name"], "unit": unit, "noise": noise,
+                    "stages": [{"label": label, "value": values[label], "se": ses[label]} for label in values]})
+    return out
+
+
+def difference(row: dict, i: int) -> dict | None:
+    """Stage ``i`` against the first stage of ``row``: ``{"delta", "se", "ratio", "within_noise"}``
+    (``delta`` in points for a share), or None when a value is missing."""
+    a, b = row["stages"][0], row["stages"][i]
+    if a["value"] is None or b["value"] is None:
+        return None
+    scale = 100.0 if row["unit"] == SHARE else 1.0
+    delta = scale * (b["value"] - a["value"])
+    se = scale * math.hypot(a["se"], b["se"]) if a["se"] is not None and b["se"] is not None else None
+    ratio = b["value"] / a["value"] if row["unit"] != SHARE and a["value"] > 0 and b["value"] >= 0 else None
+    return {"delta": delta, "se": se, "ratio": ratio,
+            "within_noise": se is not None and abs(delta) < 2 * se}
+
+
+# ----------------------------------------------------------------------------- the printed block
+def number(value, unit: str = SHARE) -> str:
+    """A value as the block shows it: a share with 3 decimals, anything else to about 3 significant digits."""
+    if value is None:
+        return "not recorded"
+    if unit == SHARE:
+        return f"{value:.3f}"
+    size = abs(value)
+    if size >= 100 or value == int(value) and size >= 10:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if size >= 10 else f"{value:.2f}" if size >= 1 else f"{value:.3g}"
+
+
+def _value(stage: dict, unit: str) -> str:
+    text = number(stage["value"], unit)
+    return text if stage["se"] is None or stage["value"] is None else f"{text} ± {number(stage['se'], unit)}"
+
+
+def _change(row: dict, i: int, vs: str = "") -> str:
+    """Stage ``i`` against the first: '+14.0 ± 2.1 pts' (a share), '×2.86' (anything else), '' if missing."""
+    d = difference(row, i)
+    if d is None:
+        return ""
+    if row["unit"] != SHARE:
+        text = f"×{d['ratio']:.3g}" if d["ratio"] is not None else f"{d['delta']:+,.3g} {row['unit']}"
+    else:
+        text = f"{d['delta']:+.1f}" + (f" ± {d['se']:.1f}" if d["se"] is not None else "") + " pts"
+    return text + (f" vs {vs}" if vs else "") + (", within noise" if d["within_noise"] else "")
+
+
+def block(declaration: dict, records: dict, indent: str = "  ") -> list[str]:
+    """The headline's lines, e.g. ``accuracy, SFT → GRPO   0.062 ± 0.011 → 0.202 ± 0.018   +14.0 ± 2.1 pts``.
+
+    Two stages make one line (before → after, the change); more stages make a line each under the
+    entry's name, each compared with the first. The noise of each entry ends its line(s)."""
+    lines = []
+    evaluated = rows(declaration, records)
+    pairs = [r for r in evaluated if len(r["stages"]) <= 2]
+    width = max((len(_title(r)) for r in pairs), default=0)
+    for r in evaluated:
+        unit = "" if r["unit"] == SHARE else f" {r['unit']}"
+        if len(r["stages"]) == 1:
+            lines.append(f"{indent}{_title(r):<{width}}   {_value(r['stages'][0], r['unit'])}{unit}   [{r['noise']}]")
+        elif len(r["stages"]) == 2:
+            a, b = (_value(s, r["unit"]) for s in r["stages"])
+            lines.append(f"{indent}{_title(r):<{width}}   {a} → {b}{unit}   {_change(r, 1)}   [{r['noise']}]")
+        else:
+            lines.append(f"{indent}{r['name']}{' (' + r['unit'] + ')' if unit else ''}   [{r['noise']}]")
+            label_w = max(len(s["label"]) for s in r["stages"])
+            first = r["stages"][0]["label"]
+            for i, s in enumerate(r["stages"]):
+                change = f"   {_change(r, i, first)}" if i and _change(r, i) else ""
+                lines.append(f"{indent}    {s['label']:<{label_w}}  {_value(s, r['unit'])}{change}")
+    return [line.rstrip() for line in lines]
+
+
+def _title(row: dict) -> str:
+    labels = [s["label"] for s in row["stages"]]
+    return f"{row['name']}, {' → '.join(labels)}" if len(labels) == 2 else f"{row['name']} ({labels[0]})"
