@@ -100,7 +100,7 @@ def test_feedback_per_student(graded):
     alice = (fb / "alice.md").read_text()
     assert "**Score: 8 / 8**" in alice and "self-reported" in alice
     assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
-    assert "  format compliance, base → SFT   0.000 ± 0.000 → 1.000 ± 0.000   +100.0 ± 0.0 pts" in alice
+    assert "  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 1.0 pts" in alice
     assert (fb / "alice" / "figure-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bob = (fb / "bob.md").read_text()
     assert "hidden test: pad with the given pad_token_id" in bob, "a hidden test's message reaches the student"
@@ -119,13 +119,15 @@ def test_feedback_shows_the_course_headline_of_a_self_reported_run():
     assert [e["name"] for e in course["results"]] == ["format compliance", "accuracy"]
     records = {"01/preset": "tiny", "01/n_test": 100, "01/accuracy_before": 0.1, "01/accuracy_after": 0.3,
                "01/lora_accuracy": "|x|\n# fake", "01/format_compliance_after": float("nan"),
+               "01/x|y\n\n# You scored 100%": "</details><!--", "01/accuracy_after_big": 10 ** 400,
                # a student's own declaration is never what the feedback reads
                "01/headline": {"results": [{"name": "PERFECT SCORE", "values": {"a": "n_test"}, "noise": "-"}]}}
     text = grade.feedback_markdown("ann", "01_sft_from_scratch", {"flags": []}, {"records": records}, "ann", course)
     assert "PERFECT SCORE" not in text.split("<details>")[0]
     assert "format compliance, base → SFT   not recorded → not recorded" in text
-    assert "      full SFT  0.300 ± 0.046   +20.0 ± 5.5 pts vs base" in text
-    assert '| 01/lora_accuracy | "\\|x\\|\\n# fake" |' in text    # a record never breaks the table
+    assert "      full SFT  0.300 ± 0.045   +20.0 ± 5.5 pts vs base" in text
+    assert "| 01/lora_accuracy | &quot;&#124;x&#124;\\n# fake&quot; |" in text    # a record never breaks the table ...
+    assert "| 01/x&#124;y # You scored 100% | &quot;&lt;/details&gt;&lt;!--&quot; |" in text   # ... nor the page
     assert grade.course_headline(nbformat.v4.new_notebook()) is None
 
 

@@ -20,8 +20,9 @@ def decl(*results, target=180):
 def test_binomial_standard_errors_and_the_difference():
     (row,) = headlines.rows(decl(ACCURACY), RECORDS)
     (sft, grpo) = row["stages"]
-    assert sft["se"] == pytest.approx(math.sqrt(0.062 * 0.938 / 500))   # 0.01078...
-    assert grpo["se"] == pytest.approx(math.sqrt(0.202 * 0.798 / 500))  # 0.01795...
+    # Agresti-Coull: p~ = (p n + 2) / (n + 4), SE = sqrt(p~ (1 - p~) / (n + 4))
+    assert sft["se"] == pytest.approx(math.sqrt(33 / 504 * (1 - 33 / 504) / 504))      # 0.01102
+    assert grpo["se"] == pytest.approx(math.sqrt(103 / 504 * (1 - 103 / 504) / 504))   # 0.01796
     d = headlines.difference(row, 1)
     assert d["delta"] == pytest.approx(14.0)
     assert d["se"] == pytest.approx(100 * math.hypot(sft["se"], grpo["se"]))
@@ -29,6 +30,12 @@ def test_binomial_standard_errors_and_the_difference():
     assert row["noise"] == "SE over 500 problems"
     (line,) = headlines.block(decl(ACCURACY), RECORDS)
     assert line == "  accuracy, SFT → GRPO   0.062 ± 0.011 → 0.202 ± 0.018   +14.0 ± 2.1 pts   [SE over 500 problems]"
+
+
+def test_zero_and_one_are_not_shown_as_exact():
+    records = {**RECORDS, "04/sft_accuracy": 0.0, "04/grpo_accuracy": 1.0, "04/n_test": 200}
+    (line,) = headlines.block(decl(ACCURACY), records)
+    assert "0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 1.0 pts" in line   # sqrt(2/204 * 202/204 / 204)
 
 
 def test_a_difference_under_two_standard_errors_is_called_noise():
@@ -52,19 +59,29 @@ def test_standard_errors_from_records_and_more_than_two_stages():
                      "      three  2.30   ×1 vs one"]
 
 
-def test_seed_spread_replaces_the_binomial_error_when_several_seeds_ran():
+def test_stages_side_by_side_without_a_change():
+    entry = {"name": "KL", "unit": "nats", "values": {"one": "kl", "two": "kl"}, "noise": "-", "compare": False}
+    (line,) = headlines.block(decl(entry), RECORDS)
+    assert line == "  KL, one → two   2.30 → 2.30 nats   [-]"
+
+
+def test_the_seeds_spread_adds_to_the_binomial_error_when_several_seeds_ran():
     entry = {**ACCURACY, "seed_std": {"GRPO": "grpo_std"}, "seeds": "seeds"}
-    (row,) = headlines.rows(decl(entry), {**RECORDS, "04/grpo_std": 0.03})   # one seed: binomial
-    assert row["noise"] == "SE over 500 problems"
+    (one,) = headlines.rows(decl(entry), {**RECORDS, "04/grpo_std": 0.03})   # one seed: binomial only
+    assert one["noise"] == "SE over 500 problems"
     (row,) = headlines.rows(decl(entry), {**RECORDS, "04/grpo_std": 0.03, "04/seeds": 3})
-    assert row["noise"] == "SE over 3 seeds"
-    assert row["stages"][1]["se"] == pytest.approx(0.03 / math.sqrt(3)) and row["stages"][0]["se"] is None
+    assert row["noise"] == "SE over 3 seeds and 500 problems"
+    binomial = one["stages"][1]["se"]
+    assert row["stages"][1]["se"] == pytest.approx(math.sqrt(0.03 ** 2 / 3 + binomial ** 2))
+    assert row["stages"][0]["se"] == one["stages"][0]["se"], "a stage without a seed spread keeps its binomial error"
+    assert headlines.difference(row, 1)["se"] is not None
 
 
 @pytest.mark.parametrize("records", [
     {},                                                                    # nothing recorded: the run stopped early
     {"04/sft_accuracy": "0.5", "04/grpo_accuracy": True, "04/n_test": -3},  # a student's notebook: any JSON
     {"04/sft_accuracy": float("nan"), "04/grpo_accuracy": 1e308, "04/n_test": float("inf")},
+    {"04/sft_accuracy": 10 ** 400, "04/grpo_accuracy": [0.5], "04/n_test": {"n": 5}},
 ])
 def test_missing_or_hostile_records_never_raise(records):
     lines = headlines.block(decl(ACCURACY, {"name": "r", "unit": "x", "values": {"a": "sft_accuracy",
@@ -83,9 +100,12 @@ def test_missing_or_hostile_records_never_raise(records):
     (decl({"name": "a", "values": {"a": "x"}, "n": 5, "noise": "exact"}), "exactly one of 'n'"),
     (decl({"name": "a", "unit": "MB", "values": {"a": "x"}, "n": 5}), "for a share only"),
     (decl({"name": "a", "values": {"a": "x"}, "n": 5, "colour": "red"}), "unknown keys"),
+    (decl({"name": "a", "values": {"a": "x"}, "n": 5, "compare": "no"}), "'compare' is True"),
     (decl({"name": "a", "values": {"a": "x"}, "se": {"b": "y"}}), "stage labels"),
     (decl({"name": "a", "values": {"a": "x"}, "n": 5, "seed_std": {"a": "y"}}), "goes with 'seeds'"),
     (decl(ACCURACY, target=-1), "tiny_target_s"),
+    (decl(ACCURACY, target=float("nan")), "tiny_target_s"),
+    ("not a dict", "a headline is"),
 ])
 def test_a_malformed_declaration_says_what_is_wrong(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -119,6 +139,10 @@ def test_summary_blocks_time_against_target_and_the_picture(tmp_path):
     assert "05_x  failed  3 s" in text and "error: ValueError: boom" in text and "declares no headline" in text
     assert "sft_accuracy" not in text and "sft_accuracy" in format_summary(results, show_all=True)
     assert (duration(59.6), duration(120), duration(61)) == ("1 min", "2 min", "1 min 01 s")
+    # a declaration or records that are not what they should be never stop the summary
+    odd = [dict(results[0], records={**records, "04/headline": "nonsense", "04/grpo_accuracy": 10 ** 400}),
+           dict(results[0], records={**records, "04/headline": decl(ACCURACY, target="3 min")})]
+    assert format_summary(odd).count("declares no headline") == 2
     saved = [dict(results[0], headline=headlines.rows(decl(ACCURACY), records), tiny_target_s=180),
              dict(results[1], headline=None)]
     plot_summary(saved, tmp_path / "summary.png")

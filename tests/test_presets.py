@@ -53,7 +53,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06'\]"):
+    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07'\]"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 
@@ -218,7 +218,7 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
         for lesson in presets.PRESETS[name]["lessons"]:
             cfg = presets.resolve(name, lesson=lesson)
             got[f"{name}/{lesson}"] = {**cfg.to_dict(), "table": cfg.table()}
-    assert sorted(got) == sorted(want)
+    assert set(want) <= set(got), sorted(set(want) - set(got))   # lessons added since (07 on) only resolve
     for key in want:   # json.dumps tells 1 from 1.0 and True from 1, which == does not
         assert json.dumps(got[key], sort_keys=True) == json.dumps(want[key], sort_keys=True), key
 

@@ -152,8 +152,8 @@ def test_summary_table_json_png_and_log(full_run):
     assert re.search(r"^01_boom  failed  \d+ s", console, re.M) and "declares no headline" in console
     saved = full_run["summary"]["02_fine"]
     assert saved["records"]["99/loss"] == 2.25 and saved["tiny_target_s"] == 600
-    assert saved["headline"] == [{"name": "accuracy", "unit": "share", "noise": "SE over 200 problems",
-                                  "stages": [{"label": "run", "value": 0.5, "se": 0.5 / 200 ** 0.5}]}]
+    assert saved["headline"] == [{"name": "accuracy", "unit": "share", "noise": "SE over 200 problems", "compare": True,
+                                  "stages": [{"label": "run", "value": 0.5, "se": (0.25 / 204) ** 0.5}]}]
     log = (out / "run.log").read_text()
     assert "hello from the kernel" in log and "about to fail" in log  # the kernels' output
     assert "start 01_boom" in log and "end 02_fine" in log

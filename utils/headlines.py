@@ -13,15 +13,18 @@ Every lesson ends its results cell by declaring them, as plain data, after its r
 An entry names the records it reads (``values``: stage label -> record name, without the lesson
 prefix, in the order shown) and how noisy they are, in exactly one of these ways:
 
-* ``"n"``: a record name or a number of problems: the binomial standard error sqrt(p (1 - p) / n)
-  of a share (``unit`` "share", the default). For a share averaged over several samples per
-  problem it is an upper bound (a per-problem mean in [0, 1] varies no more than a coin).
+* ``"n"``: a record name or a number of problems: the binomial standard error of a share
+  (``unit`` "share", the default), with the Agresti–Coull adjustment (:func:`binomial_se`). For a
+  share averaged over several samples per problem it is an upper bound (a per-problem mean in
+  [0, 1] varies no more than a coin).
 * ``"se"``: stage label -> the record holding that value's standard error.
 * ``"noise"``: a few words saying why there is no standard error ("exact", "one timing").
 
 ``"seed_std"`` (stage label -> record of the spread over seeds) with ``"seeds"`` (the record of
-the seed count) takes precedence over ``"n"`` when two or more seeds ran: the standard error of the
-mean over seeds, sd / sqrt(seeds). ``"of"`` names what ``n`` counts ("problems" by default).
+the seed count) adds to ``"n"``'s error, for those stages, when two or more seeds ran: the seeds'
+spread of the mean, sd / sqrt(seeds), and the problems' binomial error, in quadrature.
+``"of"`` names what ``n`` counts ("problems" by default). ``"compare": False`` shows the stages side by
+side without their change against the first (stages that are not a before and an after).
 
 :func:`headline` records the declaration as ``"NN/headline"`` and prints the block below from the
 records made so far; ``python -m utils run`` prints the same block for each lesson it ran, and the
@@ -35,9 +38,11 @@ from .records import RECORDS, record
 
 SHARE = "share"
 NOISE_KINDS = ("n", "se", "noise")
-ENTRY_KEYS = {"name", "values", "unit", "of", "seed_std", "seeds", *NOISE_KINDS}
-FOOTNOTE = ("± is one standard error (binomial over the problems for a share, or over seeds where several ran); "
-            "a difference's ± treats its two sides as independent, and 'within noise' means it is under two of them.")
+ENTRY_KEYS = {"name", "values", "unit", "of", "seed_std", "seeds", "compare", *NOISE_KINDS}
+FOOTNOTE = ("± is one standard error: binomial over the problems for a share (Agresti–Coull; an upper bound for a "
+            "mean over several samples per problem), with the seeds' spread added where several ran. A difference's "
+            "± treats its two sides as independent, and 'within noise' means the difference is under two of them; "
+            "for two models measured on the same problems that is conservative (a paired error would be smaller).")
 
 
 # ----------------------------------------------------------------------------- the declaration
@@ -48,7 +53,8 @@ def check(declaration) -> dict:
     if not isinstance(declaration, dict) or not isinstance(declaration.get("results"), list):
         raise ValueError("a headline is {'results': [entry, ...], 'tiny_target_s': seconds or None}")
     target = declaration.get("tiny_target_s")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not 0 < target < math.inf):
         raise ValueError(f"headline: tiny_target_s must be a positive number of seconds or None, got {target!r}")
     entries = list(declaration["results"])
     if not 1 <= len(entries) <= 4:
@@ -86,6 +92,8 @@ def check(declaration) -> dict:
         if ("seed_std" in e) != ("seeds" in e) or ("seed_std" in e and "n" not in e):
             raise ValueError(f"{where}: 'seed_std' goes with 'seeds' (the record of the seed count) and 'n' "
                              "(the binomial error used when one seed ran)")
+        if not isinstance(e.get("compare", True), bool):
+            raise ValueError(f"{where}: 'compare' is True (each stage against the first, the default) or False")
         if "noise" in e and not isinstance(e["noise"], str):
             raise ValueError(f"{where}: 'noise' is a few words saying why there is no standard error")
     return {"results": entries, "tiny_target_s": target}
@@ -103,11 +111,24 @@ def headline(lesson: str, results: list[dict], tiny_target_s: float | None = Non
 
 
 # ----------------------------------------------------------------------------- reading it against records
-def _number(value):
-    """A finite float, or None for anything else (a record may come from a student's notebook: any JSON)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def number_or_none(value):
+    """A finite float, or None for anything else (a record may come from a student's notebook: any JSON,
+    10**400 included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def binomial_se(p: float, n: float) -> float:
+    """Standard error of a share ``p`` measured on ``n`` problems, with the Agresti–Coull adjustment
+    (two successes and two failures added), so that 0/n and n/n are not shown as exact:
+    sqrt(p~ (1 - p~) / (n + 4)) with p~ = (p n + 2) / (n + 4). For p = 0.2, n = 500: 0.0179 (Wald: 0.0179)."""
+    adjusted = (p * n + 2) / (n + 4)
+    return math.sqrt(adjusted * (1 - adjusted) / (n + 4))
 
 
 def rows(declaration: dict, records: dict) -> list[dict]:
@@ -118,26 +139,30 @@ def rows(declaration: dict, records: dict) -> list[dict]:
     out = []
     for e in check(declaration)["results"]:
         unit = e.get("unit", SHARE)
-        values = {label: _number(flat.get(key)) for label, key in e["values"]}
-        seeds = _number(flat.get(e["seeds"])) if "seeds" in e else None
-        spread = {label: _number(flat.get(key)) for label, key in e.get("seed_std", {}).items()}
+        values = {label: number_or_none(flat.get(key)) for label, key in e["values"]}
         ses: dict = {label: None for label in values}
-        if seeds and seeds >= 2 and spread and None not in spread.values():
-            ses.update({label: spread[label] / math.sqrt(seeds) for label in spread})
-            noise = f"SE over {int(seeds)} seeds"
-        elif "n" in e:
-            n = _number(e["n"] if isinstance(e["n"], int) else flat.get(e["n"]))
+        if "n" in e:
+            n = number_or_none(e["n"] if isinstance(e["n"], int) else flat.get(e["n"]))
             what = e.get("of", "problems")
             n = n if n and n >= 1 else None
-            noise = f"SE over {int(n)} {what}" if n else f"SE: the number of {what} was not recorded"
-            ses = {label: math.sqrt(v * (1 - v) / n) if n and v is not None and 0 <= v <= 1 else None
+            noise = f"SE over {n:g} {what}" if n else f"SE: the number of {what} was not recorded"
+            ses = {label: binomial_se(v, n) if n and v is not None and 0 <= v <= 1 else None
                    for label, v in values.items()}
+            seeds = number_or_none(flat.get(e["seeds"])) if "seeds" in e else None
+            spread = {label: number_or_none(flat.get(key)) for label, key in e.get("seed_std", {}).items()}
+            if n and seeds and seeds >= 2 and spread and None not in spread.values():
+                # a mean over seeds, each measured on the same problems: the seeds' spread of that mean,
+                # plus the problems' own sampling noise (which more seeds do not average away)
+                ses.update({label: math.sqrt(spread[label] ** 2 / seeds + ses[label] ** 2)
+                            if ses[label] is not None else None for label in spread})
+                noise = f"SE over {seeds:g} seeds and {n:g} {what}"
         elif "se" in e:
-            ses.update({label: _number(flat.get(key)) for label, key in e["se"].items()})
+            ses.update({label: number_or_none(flat.get(key)) for label, key in e["se"].items()})
             noise = "SE" + (f" over {e['of']}" if "of" in e else "")
         else:
             noise = e["noise"]
-        out.append({"name": e["name"], "unit": unit, "noise": noise,
+        ses = {label: se if se is not None and se >= 0 else None for label, se in ses.items()}
+        out.append({"name": e["name"], "unit": unit, "noise": noise, "compare": e.get("compare", True),
                     "stages": [{"label": label, "value": values[label], "se": ses[label]} for label in values]})
     return out
 
@@ -176,7 +201,7 @@ def _value(stage: dict, unit: str) -> str:
 
 def _change(row: dict, i: int, vs: str = "") -> str:
     """Stage ``i`` against the first: '+14.0 ± 2.1 pts' (a share), '×2.86' (anything else), '' if missing."""
-    d = difference(row, i)
+    d = difference(row, i) if row.get("compare", True) else None
     if d is None:
         return ""
     if row["unit"] != SHARE:
@@ -201,7 +226,8 @@ def block(declaration: dict, records: dict, indent: str = "  ") -> list[str]:
             lines.append(f"{indent}{_title(r):<{width}}   {_value(r['stages'][0], r['unit'])}{unit}   [{r['noise']}]")
         elif len(r["stages"]) == 2:
             a, b = (_value(s, r["unit"]) for s in r["stages"])
-            lines.append(f"{indent}{_title(r):<{width}}   {a} → {b}{unit}   {_change(r, 1)}   [{r['noise']}]")
+            change = f"   {_change(r, 1)}" if _change(r, 1) else ""
+            lines.append(f"{indent}{_title(r):<{width}}   {a} → {b}{unit}{change}   [{r['noise']}]")
         else:
             lines.append(f"{indent}{r['name']}{' (' + r['unit'] + ')' if unit else ''}   [{r['noise']}]")
             label_w = max(len(s["label"]) for s in r["stages"])

@@ -20,8 +20,11 @@ def _draw_result(ax, row: dict) -> None:
     xs = range(len(stages))
     heights = [s["value"] or 0.0 for s in stages]
     errors = [s["se"] or 0.0 for s in stages]
-    colors = [f"C{i % 10}" for i in xs]
-    ax.bar(xs, heights, color=colors, yerr=errors, capsize=3, error_kw={"elinewidth": 1})
+    ax.bar(xs, heights, color=[f"C{i % 10}" for i in xs])
+    with_se = [i for i, s in enumerate(stages) if s["se"] is not None]   # none drawn where there is no error
+    if with_se:
+        ax.errorbar(with_se, [heights[i] for i in with_se], yerr=[errors[i] for i in with_se], fmt="none",
+                    ecolor="k", elinewidth=1, capsize=3)
     share = row["unit"] == SHARE
     top = 1.0 if share else max([h + e for h, e in zip(heights, errors)] + [0.0]) or 1.0
     for x, s, h, e in zip(xs, stages, heights, errors):
@@ -57,20 +60,21 @@ def _lesson_panel(sub, result: dict) -> None:
 def _wall_panel(sub, results: list[dict]) -> None:
     sub.suptitle("Wall time per lesson", fontsize=9, fontweight="bold")
     ax = sub.subplots()
-    names = [r["lesson"][:2] for r in results]
     walls = [r.get("wall_s") or 0.0 for r in results]
-    ax.bar(range(len(results)), walls, color="C0", label="measured")
-    targets = [(i, r["tiny_target_s"]) for i, r in enumerate(results) if r.get("tiny_target_s")
-               and r.get("preset") == "tiny"]
+    targets = {i: r["tiny_target_s"] for i, r in enumerate(results) if r.get("tiny_target_s")
+               and r.get("preset") == "tiny"}
+    ax.bar(range(len(results)), walls, color=["C3" if w > targets.get(i, float("inf")) else "C0"
+                                              for i, w in enumerate(walls)])
     if targets:
-        ax.scatter([i for i, _ in targets], [t for _, t in targets], marker="_", s=600, color="k", zorder=3,
+        ax.scatter(list(targets), list(targets.values()), marker="_", s=600, color="k", zorder=3,
                    label="target (tiny)")
-        ax.legend(fontsize=7, loc="upper left")
-    above = dict(targets)
-    for i, w in enumerate(walls):   # written above the bar and its target marker, whichever is higher
-        ax.annotate(f"{w:.0f} s", (i, max(w, above.get(i, 0.0))), xytext=(0, 3), textcoords="offset points",
+        ax.legend(fontsize=7, loc="upper left", markerscale=0.4)
+    for i, r in enumerate(results):   # above the bar and its target marker, whichever is higher
+        text = f"{walls[i]:.0f} s" if r.get("wall_s") is not None else "no time"
+        ax.annotate(text, (i, max(walls[i], targets.get(i, 0.0))), xytext=(0, 3), textcoords="offset points",
                     ha="center", va="bottom", fontsize=7)
-    top = max(walls + [t for _, t in targets] + [1.0])
+    names = [r["lesson"][:2] + (f"\n≤ {targets[i]:.0f} s" if i in targets else "") for i, r in enumerate(results)]
+    top = max(walls + list(targets.values()) + [1.0])
     ax.set_ylim(0, top * 1.2)
     ax.set_xticks(range(len(results)))
     ax.set_xticklabels(names, fontsize=7)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import html
 import io
 import json
 import os
@@ -166,10 +167,16 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     return flags
 
 
+def _md_cell(text: str) -> str:
+    """Text a student wrote as one markdown table cell: at most 200 characters, HTML escaped (no ``</details>``
+    or ``<!--`` can end the page's structure), no ``|``, backtick or line break of its own."""
+    text = html.escape(str(text)[:200]).replace("|", "&#124;").replace("`", "&#96;")
+    return " ".join(text.split())
+
+
 def _shown(value) -> str:
-    """A self-reported record as a markdown table cell (any JSON a notebook holds; never breaks the table)."""
-    text = f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
-    return text[:200].replace("|", "\\|").replace("\n", " ")
+    """A self-reported record's value as a markdown table cell (any JSON a notebook holds)."""
+    return _md_cell(f"{value:.4g}" if isinstance(value, float) else json.dumps(value)[:200])
 
 
 def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_dir: str,
@@ -216,7 +223,7 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
                   "```", *block, "```", "", headlines.FOOTNOTE, ""]
     if metrics:
         lines += ["<details><summary>Every record of your run</summary>", "", "| record | value |", "|---|---|"]
-        lines += [f"| {k} | {_shown(v)} |" for k, v in metrics.items()]
+        lines += [f"| {_md_cell(k)} | {_shown(v)} |" for k, v in metrics.items()]
         lines += ["", "</details>", ""]
     for problem in result.get("result_problems", []):
         lines.append(f"- {problem}")

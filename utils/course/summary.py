@@ -29,18 +29,22 @@ def describe_error(result: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- summary
-def declaration_of(result: dict) -> dict | None:
-    """The headline a lesson declared: from its run's records, else from the committed lesson it ran
-    (``result["source"]``, when that notebook holds its outputs), else None."""
-    sources = [result.get("records") or {}]
+def declaration_of(result: dict) -> tuple[dict | None, str]:
+    """(the headline a lesson declared, checked, or None; where it came from): from its run's records,
+    else from the committed lesson it ran (``result["source"]``: a run that stopped before its headline
+    cell), else (None, "")."""
+    sources = [("run", result.get("records") or {})]
     if result.get("source"):
         with contextlib.suppress(OSError, ValueError):
-            sources.append(read_records(result["source"]))
-    for records in sources:
+            sources.append(("committed lesson", read_records(result["source"])))
+    for origin, records in sources:
         found = next((v for k, v in records.items() if k.split("/", 1)[-1] == "headline"), None)
         if found is not None:
-            return found
-    return None
+            try:
+                return headlines.check(found), origin
+            except ValueError:
+                continue
+    return None, ""
 
 
 def duration(seconds: float) -> str:
@@ -51,9 +55,10 @@ def duration(seconds: float) -> str:
 
 def lesson_block(result: dict, show_all: bool = False) -> list[str]:
     """One lesson's part of the summary: status, wall time against its target, what it ran on, then its
-    headline (``utils.headlines``) -- every record too with ``show_all``."""
+    headline (``utils.headlines``) -- every numeric record too with ``show_all``. Never raises: the records
+    may come from a student's notebook (``--notebooks labs``)."""
     records = result.get("records") or {}
-    declaration = declaration_of(result)
+    declaration, origin = declaration_of(result)
     wall = result.get("wall_s")
     time = duration(wall) if wall is not None else "-"
     target = (declaration or {}).get("tiny_target_s") if result.get("preset") == "tiny" else None
@@ -68,14 +73,18 @@ def lesson_block(result: dict, show_all: bool = False) -> list[str]:
     if declaration is None:
         lines.append("  (this lesson declares no headline: see every record with --all)")
     else:
+        if origin != "run":
+            lines.append("  (the run stopped before its headline: the committed lesson's declaration, read on "
+                         "what the run recorded)")
         try:
             lines += headlines.block(declaration, records)
-        except ValueError as e:
-            lines.append(f"  headline unreadable: {e}")
+        except Exception as e:  # noqa: BLE001 -- one lesson's odd records never cost the others their summary
+            lines.append(f"  headline unreadable: {type(e).__name__}: {e}")
     if show_all:
-        metrics = metrics_of(records)
+        metrics = {k: f"{v:.4g}" if headlines.number_or_none(v) is not None else str(v)[:40]
+                   for k, v in metrics_of(records).items()}
         width = max((len(k) for k in metrics), default=0)
-        lines += [f"    {k.ljust(width)}  {v:.4g}" for k, v in metrics.items()]
+        lines += [f"    {k.ljust(width)}  {v}" for k, v in metrics.items()]
     return lines
 
 
@@ -88,19 +97,22 @@ def format_summary(results: list[dict], show_all: bool = False) -> str:
 def summarize(results: list[dict], out_dir: Path, show_all: bool = False) -> str:
     """Print the summary and save summary.json (every record, and each headline evaluated) and summary.png
     in ``out_dir``; return the printed text."""
-    text = format_summary(results, show_all)
-    print("\n" + text)
     saved = []
     for r in results:
-        declaration = declaration_of(r)
+        declaration = declaration_of(r)[0]
         try:
             rows = headlines.rows(declaration, r.get("records") or {}) if declaration else None
-        except ValueError:
+        except Exception:  # noqa: BLE001 -- as in lesson_block: the summary is written whatever a record holds
             rows = None
         saved.append({**r, "headline": rows, "tiny_target_s": (declaration or {}).get("tiny_target_s")})
     (out_dir / "summary.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
+    text = format_summary(results, show_all)
+    print("\n" + text)
     if results:
-        plot_summary(saved, out_dir / "summary.png")
+        try:
+            plot_summary(saved, out_dir / "summary.png")
+        except Exception as e:  # noqa: BLE001 -- the printed summary and summary.json are what matter most
+            print(f"summary.png could not be drawn: {type(e).__name__}: {e}")
     print(f"\nsummary: {out_dir / 'summary.json'}, {out_dir / 'summary.png'}; every record: --all; "
           f"log: {out_dir / 'run.log'}")
     return text

@@ -1,0 +1,34 @@
+"""Lesson 07, reward models (and next: PPO with a critic, REINFORCE++): every knob on every tier (data only;
+``presets.resolve`` reads it)."""
+from .tiers import ALL_LINEAR as ALL
+from .tiers import DATASETS, MODELS
+
+KNOBS = {  #                  tiny    t4-16g  24g     80g
+    "model":                  MODELS,
+    "dataset":                DATASETS,
+    "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
+    "sft_steps":              (120,   300,    300,    300),     # lesson 01's recipe (tiny: twice as long, as lesson 03)
+    "verbose_share":          (0.5,   0.5,    0.5,    0.5),     # SFT answers opening with a filler sentence (lesson 03)
+    "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working (lesson 03)
+    "n_prompts":              (192,   2000,   2000,   2000),    # training prompts sampled on-policy for pairs
+    "n_heldout":              (200,   200,    200,    200),     # held-out prompts: pairs and probes
+    "n_samples":              (8,     4,      4,      4),       # answers per prompt to choose pairs from
+    "temperature":            (1.0,   0.8,    0.8,    0.8),
+    "max_new_tokens":         (96,    256,    256,    256),
+    "max_length":             (256,   768,    768,    768),     # prompt + answer; RewardTrainer drops longer pairs
+    "batch_size":             (8,     4,      4,      4),       # preference pairs per forward/backward
+    "grad_accum":             (1,     4,      4,      4),
+    "learning_rate":          (1e-4,  5e-5,   5e-5,   5e-5),    # RewardConfig's default is 1e-4
+    "max_steps":              (40,    300,    300,    300),     # reward-model optimizer steps
+    "warmup_ratio":           (0.05,  0.05,   0.05,   0.05),
+    "center_rewards_coefficient": (0.01, 0.01, 0.01,  0.01),    # TRL's recommended value: rewards centred on 0
+    "use_lora":               (False, True,   True,   True),    # LoRA: task_type SEQ_CLS, the score head trained fully
+    "lora_r":                 (16,    16,     16,     16),
+    "lora_alpha":             (32,    32,     32,     32),
+    "lora_dropout":           (0.0,   0.05,   0.05,   0.05),
+    "lora_target_modules":    (ALL,   ALL,    ALL,    ALL),
+    "eval_batch_size":        (320,   32,     64,     64),      # tiny: 40 prompts x 8 samples per generate call
+    "gradient_checkpointing": (False, True,   True,   False),
+    "save_steps":             (0,     50,     50,     50),
+    "logging_steps":          (5,     10,     10,     10),
+}
