@@ -28,16 +28,23 @@ def test_probes_show_what_it_rewards(records):
     # It learned the features that separate its pairs (the working, no filler), not correctness: a wrong
     # final number with the working intact changes the reward within noise on every seed. Seeds 0, 1, 2:
     # working removed -2.57 / -2.82 / -2.58, filler -1.48 / -1.42 / -1.52 (SE 0.04-0.07), wrong final number
-    # -0.005 ± 0.007 / +0.003 ± 0.003 / +0.003 ± 0.002; no final line -0.49 / -0.08 / -0.14 (not asserted).
+    # -0.005 ± 0.007 / +0.003 ± 0.003 / +0.003 ± 0.002 (|d| + 2 SE: 0.018 / 0.010 / 0.008); no final line
+    # -0.49 / -0.08 / -0.14 (not asserted).
     def delta(name):
         return records[f"07/probe_{name}"], records[f"07/probe_{name}_se"]
 
     for name in ("working_removed", "filler_added"):
         d, se = delta(name)
         assert d < -2 * se and d < -0.5, f"{name} lowers the reward: {d:.3f} ± {se:.3f}"
-    d, se = delta("wrong_final_number")
-    assert abs(d) < 2 * se, f"a wrong final number changes the reward within noise: {d:.3f} ± {se:.3f}"
-    assert abs(d) < 0.1 * abs(delta("working_removed")[0])
+    d, se = delta("wrong_final_number")   # bounded, not "not significant": a smaller test would pass that more easily
+    assert abs(d) + 2 * se < 0.05, f"a wrong final number barely changes the reward: {d:.3f} ± {se:.3f}"
+
+
+def test_most_correctness_pairs_reject_a_guess(records):
+    # what the probes are read against (section 6): "correct" and "has working" mostly came together.
+    # Seeds 0, 1, 2: 42 / 27 / 42 worked-vs-guess training pairs against 15 / 5 / 8 worked-vs-worked.
+    guess, worked = records["07/train_pairs_worked_vs_guess"], records["07/train_pairs_worked_vs_worked"]
+    assert guess > 2 * worked
 
 
 def test_headline_is_declared_and_read_from_the_run(lesson_runs):
