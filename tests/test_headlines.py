@@ -5,7 +5,7 @@ import math
 import pytest
 
 from utils import headlines
-from utils.course.figures import plot_summary
+from utils.course.figures import _draw_result, plot_summary
 from utils.course.summary import duration, format_summary
 
 RECORDS = {"04/n_test": 500, "04/sft_accuracy": 0.062, "04/grpo_accuracy": 0.202,
@@ -147,3 +147,15 @@ def test_summary_blocks_time_against_target_and_the_picture(tmp_path):
              dict(results[1], headline=None)]
     plot_summary(saved, tmp_path / "summary.png")
     assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_panel_shows_negative_values_whole():
+    from matplotlib.figure import Figure
+
+    entry = {"name": "reward change", "unit": "reward", "compare": False, "values": {"a": "kl", "b": "neg"},
+             "se": {"a": "kl_se", "b": "kl_se"}}
+    (row,) = headlines.rows(decl(entry), {**RECORDS, "04/neg": -2.5})
+    ax = Figure().subplots()
+    _draw_result(ax, row)
+    low, high = ax.get_ylim()
+    assert low < -2.5 - 0.17 and high > 2.3 + 0.17, "every bar and its error bar inside the axis"

@@ -26,11 +26,16 @@ def _draw_result(ax, row: dict) -> None:
         ax.errorbar(with_se, [heights[i] for i in with_se], yerr=[errors[i] for i in with_se], fmt="none",
                     ecolor="k", elinewidth=1, capsize=3)
     share = row["unit"] == SHARE
-    top = 1.0 if share else max([h + e for h, e in zip(heights, errors)] + [0.0]) or 1.0
-    for x, s, h, e in zip(xs, stages, heights, errors):
+    top = 1.0 if share else max([h + e for h, e in zip(heights, errors)] + [0.0])
+    bottom = 0.0 if share else min([h - e for h, e in zip(heights, errors)] + [0.0])
+    span = (top - bottom) or 1.0
+    for x, s, h, e in zip(xs, stages, heights, errors):   # beyond the error bar's end, above or below
         ax.annotate(number(s["value"], row["unit"]) if s["value"] is not None else "not\nrecorded",
-                    (x, h + e), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    ax.set_ylim(0, top * 1.18)
+                    (x, h + e if h >= 0 else h - e), xytext=(0, 2 if h >= 0 else -2), textcoords="offset points",
+                    ha="center", va="bottom" if h >= 0 else "top", fontsize=7)
+    ax.set_ylim(bottom - (0.18 * span if bottom < 0 else 0), top + (0.18 * span if top > 0 else 0))
+    if bottom < 0:
+        ax.axhline(0, color="k", lw=0.8)
     if share:
         ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
     ax.set_xticks(list(xs))
@@ -38,7 +43,7 @@ def _draw_result(ax, row: dict) -> None:
     ax.set_xticklabels([s["label"] for s in stages], fontsize=7, rotation=25 if long else 0,
                        ha="right" if long else "center")
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_title("\n".join(textwrap.wrap(row["name"], 30)), fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(row["name"], 24)), fontsize=8)
     ax.set_ylabel("share" if share else row["unit"], fontsize=7)
     ax.grid(axis="y", alpha=0.3)
 
