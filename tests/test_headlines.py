@@ -6,7 +6,8 @@ import pytest
 
 from utils import headlines
 from utils.course.figures import _draw_result, plot_summary
-from utils.course.summary import duration, format_summary
+from utils.course.lessons import duration
+from utils.course.summary import format_summary
 
 RECORDS = {"04/n_test": 500, "04/sft_accuracy": 0.062, "04/grpo_accuracy": 0.202,
            "04/reward_before": 0.33, "04/reward_after": 8.0, "04/kl": 2.3, "04/kl_se": 0.17, "04/seeds": 1}

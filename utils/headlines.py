@@ -110,6 +110,16 @@ def headline(lesson: str, results: list[dict], tiny_target_s: float | None = Non
     print("\n".join(block(declaration, {k: v for k, v in RECORDS.items() if k.startswith(f"{lesson}/")})))
 
 
+def declared(records: dict) -> dict | None:
+    """The headline among ``records`` (the ``NN/headline`` record), checked; None when there is none or it
+    is malformed (the records may come from a student's notebook)."""
+    found = [v for k, v in records.items() if k.split("/", 1)[-1] == "headline"]
+    try:
+        return check(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
 # ----------------------------------------------------------------------------- reading it against records
 def number_or_none(value):
     """A finite float, or None for anything else (a record may come from a student's notebook: any JSON,

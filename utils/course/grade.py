@@ -127,9 +127,8 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
 def course_headline(lesson) -> dict | None:
     """The headline the course's executed lesson declared (``NN/headline``), or None when it has none."""
     try:
-        found = [v for k, v in read_records(lesson).items() if k.split("/", 1)[-1] == "headline"]
-        return headlines.check(found[-1]) if found else None
-    except ValueError:
+        return headlines.declared(read_records(lesson))
+    except ValueError:   # the lesson's records unreadable
         return None
 
 

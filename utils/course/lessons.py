@@ -105,6 +105,12 @@ def clean_for_commit(nb):
 TINY_ROW = "| `tiny` |"   # the header table's row of the tiny preset; its last column is the lesson's time
 
 
+def duration(seconds: float) -> str:
+    """'1 min 49 s', '2 min', '58 s' (the header's time column and the runner's summary)."""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{secs} s" if not minutes else f"{minutes} min" if not secs else f"{minutes} min {secs:02d} s"
+
+
 def tiny_time(records: dict) -> str:
     """The header's time column for ``tiny``, from a run's records: its measured ``NN/wall_seconds``.
 
@@ -113,9 +119,7 @@ def tiny_time(records: dict) -> str:
     """
     (wall,) = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds"]
     hardware = meta_of(records)["hardware"] or "this machine"
-    minutes, seconds = divmod(round(wall), 60)
-    took = f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
-    return f"{took} when `make notebooks` last ran it on {hardware}; more on a slower machine"
+    return f"{duration(wall)} when `make notebooks` last ran it on {hardware}; more on a slower machine"
 
 
 def _tiny_row(nb):

@@ -18,7 +18,7 @@ from .. import headlines
 from ..constants import REPO_ROOT
 from ..records import read_records
 from .figures import plot_summary
-from .lessons import meta_of, metrics_of
+from .lessons import duration, meta_of, metrics_of
 
 
 def describe_error(result: dict) -> str:
@@ -38,19 +38,10 @@ def declaration_of(result: dict) -> tuple[dict | None, str]:
         with contextlib.suppress(OSError, ValueError):
             sources.append(("committed lesson", read_records(result["source"])))
     for origin, records in sources:
-        found = next((v for k, v in records.items() if k.split("/", 1)[-1] == "headline"), None)
+        found = headlines.declared(records)
         if found is not None:
-            try:
-                return headlines.check(found), origin
-            except ValueError:
-                continue
+            return found, origin
     return None, ""
-
-
-def duration(seconds: float) -> str:
-    """'1 min 49 s', '2 min', '58 s'."""
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{secs} s" if not minutes else f"{minutes} min" if not secs else f"{minutes} min {secs:02d} s"
 
 
 def lesson_block(result: dict, show_all: bool = False) -> list[str]:
