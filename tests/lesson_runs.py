@@ -15,6 +15,7 @@ Both are marked ``lesson`` (``make test-fast`` deselects them).
 from __future__ import annotations
 
 import copy
+import json
 import re
 import tempfile
 import threading
@@ -65,6 +66,12 @@ class LessonRuns:
 
     def records(self, lesson: str) -> dict:
         return read_records(self.notebook(lesson))
+
+    def output_of(self, lesson: str, cell_id: str) -> str:
+        """The text a cell of the executed lesson printed (its stdout streams), to check prose printed from values."""
+        cells = json.loads(self.notebook(lesson).read_text())["cells"]
+        (cell,) = [c for c in cells if c.get("id") == cell_id]
+        return "".join("".join(o["text"]) for o in cell.get("outputs", []) if o.get("output_type") == "stream")
 
     def headline(self, lesson: str) -> list[dict]:
         """The lesson's headline read from its records (``utils.headlines.rows``), after checking that it

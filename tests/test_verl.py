@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from utils import data, rewards, verl_export
+from utils import data, ppo, rewards, verl_export
 from utils.constants import REPO_ROOT as ROOT
 from utils.constants import TINY_MODEL_DIR as TINY
 
@@ -49,6 +50,17 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # Completions pushed through verl's reward manager as token ids ({ground_truth} from the row).
 MANAGER_TEMPLATES = ["Adding up.\n#### {ground_truth}", "It is {ground_truth}.",
                      "Adding up.\n#### 100000", "no idea"]
+
+
+# Lesson 07's scale-out: PPO with a critic and REINFORCE++, both with the KL in the reward.
+LESSON07_COMMON = dict(n_gpus=1, train_batch_size=4, micro_batch_size_per_gpu=2, max_prompt_length=128,
+                       max_response_length=96, learning_rate=1e-6, epochs=1, kl_coef=0.05)
+LESSON07_COMMANDS = {
+    "gae": dict(adv_estimator="gae", num_generations=1, gamma=1.0, lam=0.95, critic_learning_rate=1e-5,
+                cliprange_value=0.5, entropy_coeff=0.001, critic_warmup=2, experiment_name="ppo"),
+    "reinforce_plus_plus": dict(adv_estimator="reinforce_plus_plus", num_generations=4, gamma=1.0,
+                                experiment_name="reinforce-pp"),
+}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -95,6 +107,8 @@ def verl_check(verl_python, tmp_path_factory):
         "Qwen/Qwen3-1.7B-Base", "/data/gsm8k", n_gpus=8, nnodes=2, train_batch_size=256,
         mini_batch_size=64, num_generations=8, learning_rate=5e-6, beta=0.001, lora_r=32, lora_alpha=64,
         lora_target_modules=LORA_TARGETS, max_steps=200, extra={"trainer.resume_mode": "disable"})
+    ppo_commands = [verl_export.main_ppo_command(str(TINY), tmp / "export", **LESSON07_COMMON, **kw)
+                    for kw in LESSON07_COMMANDS.values()]
     rows = [verl_export.to_verl_row(p, "test", i, data_source=verl_export.SYNTHETIC_SOURCE)
             for i, p in enumerate(test)]
     cases, expected = [], []
@@ -105,7 +119,7 @@ def verl_check(verl_python, tmp_path_factory):
             cases.append({"data_source": row["data_source"], "solution_str": text,
                           "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row["extra_info"]})
             expected.append(trl_reward(text, p["answer"]))
-    spec = {"command": command, "more_commands": [lora_command], "cases": cases,
+    spec = {"command": command, "more_commands": [lora_command], "validated_commands": ppo_commands, "cases": cases,
             "manager_templates": MANAGER_TEMPLATES, "hydra_dir": str(tmp / "hydra")}
     (tmp / "spec.json").write_text(json.dumps(spec))
     work = tmp / "work"   # cwd without the repository: reward.py must stand alone
@@ -123,7 +137,7 @@ def verl_check(verl_python, tmp_path_factory):
                     pytrace=False)
     out = json.loads((tmp / "out.json").read_text())
     out["wall_seconds"] = time.time() - t0
-    return {"out": out, "train": train, "test": test, "paths": paths, "command": command,
+    return {"out": out, "train": train, "test": test, "paths": paths, "command": command, "ppo_commands": ppo_commands,
             "lora_command": lora_command, "expected": expected, "cases": cases}
 
 
@@ -225,6 +239,27 @@ def test_verl_main_ppo_accepts_our_commands(verl_check):
 
 
 @pytest.mark.slow
+def test_verl_main_ppo_accepts_lesson07_commands(verl_check):
+    """PPO with a critic (adv_estimator=gae) and REINFORCE++ pass verl's validate_config and reach run_ppo."""
+    ppo_, rpp = verl_check["out"]["validated_commands"]
+    for got in (ppo_, rpp):
+        assert got["missing_keys"] == [] and "TaskRunnerV1" in got["runner"]
+        assert got["need_reference_policy"] is True                      # the KL in the reward needs pi_ref
+        assert got["config"]["algorithm.use_kl_in_reward"] is True
+        assert got["config"]["algorithm.kl_ctrl.kl_coef"] == 0.05
+        assert got["config"]["actor_rollout_ref.actor.use_kl_loss"] is False   # not both KL placements
+    assert ppo_["need_critic"] is True and rpp["need_critic"] is False
+    assert ppo_["config"]["algorithm.adv_estimator"] == "gae"
+    assert ppo_["config"]["algorithm.lam"] == 0.95
+    assert ppo_["config"]["critic.model.path"] == str(TINY)
+    assert ppo_["config"]["critic.cliprange_value"] == 0.5
+    assert ppo_["config"]["trainer.critic_warmup"] == 2
+    assert ppo_["config"]["actor_rollout_ref.actor.entropy_coeff"] == 0.001
+    assert rpp["config"]["algorithm.adv_estimator"] == "reinforce_plus_plus"
+    assert not any(k.startswith("critic.") for k in rpp["config"])
+
+
+@pytest.mark.slow
 def test_verl_rlhf_dataset_loads_our_parquet(verl_check):
     from transformers import AutoTokenizer
 
@@ -270,3 +305,120 @@ def test_verl_custom_reward_scores_like_trl(verl_check):
     assert out["manager_response_texts"] == want_texts
     assert out["manager_scores"] == want_scores
     assert out["wall_seconds"] < 120, f"check_verl.py took {out['wall_seconds']:.0f} s"
+
+
+# ----------------------------------------------------------------------------- slow: PPO pieces against verl's core_algos
+CORE_CHECKER = VERL_DIR / "check_core_algos.py"
+GAMMA, LAM, BETA, CLIP_LOW, CLIP_HIGH, CLIP_C, CLIP_VALUE = 0.9, 0.8, 0.1, 0.2, 0.28, 3.0, 0.5
+
+
+def core_inputs() -> dict:
+    """Inputs on which every clip, mask rule and discount shows: B=4 responses of up to T=7 tokens, ratios
+    far from 1 (both clips and the dual clip bind), values that move past the value clip, a mask with padding
+    at the end and a masked span inside a response (tool output in a multi-turn rollout)."""
+    g = torch.Generator().manual_seed(7)
+    B, T, V = 4, 7, 11
+    mask = torch.ones(B, T)
+    mask[1, 5:] = 0                     # padding after the end
+    mask[2, 2:4] = 0                    # an observation span inside the response
+    mask[2, 6:] = 0
+    mask[3, 1:] = 0                     # a one-token response
+    scores = torch.tensor([1.0, 0.0, 2.0, -1.0])
+    old = -torch.rand(B, T, generator=g) * 3
+    ref = old + torch.randn(B, T, generator=g) * 0.5
+    return {
+        "mask": mask,
+        "token_level_scores": ppo.last_token_scores(scores, mask),
+        "token_level_rewards": torch.randn(B, T, generator=g),       # nonzero on masked positions too
+        "values": torch.randn(B, T, generator=g),
+        "vpreds": torch.randn(B, T, generator=g) * 1.5,
+        "returns": torch.randn(B, T, generator=g),
+        "old_logps": old,
+        "ref_logps": ref,
+        "logps": old + torch.randn(B, T, generator=g) * 0.8,
+        "advantages": torch.randn(B, T, generator=g) * 2,
+        "logits": torch.randn(B, T, V, generator=g) * 3,
+    }
+
+
+@pytest.fixture(scope="module")
+def core_algos(verl_python, tmp_path_factory):
+    """(our inputs, verl's outputs) from tests/verl/check_core_algos.py in the verl venv."""
+    tmp = tmp_path_factory.mktemp("core-algos")
+    t = core_inputs()
+    spec = {"tensors": {k: v.tolist() for k, v in t.items()}, "gamma": GAMMA, "lam": LAM, "beta": BETA,
+            "clip_ratio_low": CLIP_LOW, "clip_ratio_high": CLIP_HIGH, "clip_ratio_c": CLIP_C,
+            "cliprange_value": CLIP_VALUE}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    work = tmp / "work"
+    work.mkdir()
+    proc = subprocess.run([str(verl_python), str(CORE_CHECKER), str(tmp / "spec.json"), str(tmp / "out.json")],
+                          cwd=work, env=verl_env(), capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    if proc.returncode != 0:
+        pytest.fail(f"check_core_algos.py failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", pytrace=False)
+    return t, json.loads((tmp / "out.json").read_text())
+
+
+def close(ours, theirs, what):
+    theirs = torch.tensor(theirs, dtype=torch.float32)
+    diff = (torch.as_tensor(ours, dtype=torch.float32) - theirs).abs().max().item()
+    assert diff < 1e-5, f"{what}: max |ours - verl| = {diff:.2e}"
+
+
+@pytest.mark.slow
+def test_lesson07_gae_equals_verl(core_algos):
+    """Lesson 07's GAE answer, whitened by utils.ppo, against compute_gae_advantage_return (mask rules included)."""
+    from utils.solutions.lesson07 import gae
+
+    t, verl = core_algos
+    assert verl["verl_version"] == "0.9.1"
+    adv, returns = gae(t["token_level_rewards"], t["values"], t["mask"], GAMMA, LAM)
+    close(returns, verl["gae"]["returns"], "GAE returns")
+    close(ppo.masked_whiten(adv, t["mask"]), verl["gae"]["advantages"], "GAE advantages, whitened")
+    # the inputs make the mask rules matter: GAE without them would differ
+    unmasked, _ = gae(t["token_level_rewards"], t["values"], torch.ones_like(t["mask"]), GAMMA, LAM)
+    assert (unmasked - adv).abs().max() > 0.1
+
+
+@pytest.mark.slow
+def test_utils_ppo_equals_verl(core_algos):
+    t, verl = core_algos
+    mask = t["mask"]
+    adv, returns = ppo.reinforce_pp_advantages(t["token_level_rewards"], mask, gamma=GAMMA)
+    close(returns, verl["reinforce_pp"]["returns"], "REINFORCE++ returns")
+    close(adv, verl["reinforce_pp"]["advantages"], "REINFORCE++ advantages")
+
+    loss, clipfrac = ppo.value_loss(t["vpreds"], t["values"], t["returns"], mask, cliprange_value=CLIP_VALUE)
+    close(loss.item(), verl["value_loss"]["loss"], "value loss")
+    assert clipfrac == pytest.approx(verl["value_loss"]["clipfrac"], abs=1e-6) and 0 < clipfrac < 1
+
+    loss, metrics = ppo.policy_loss(t["logps"], t["old_logps"], t["advantages"], mask, clip_ratio_low=CLIP_LOW,
+                                    clip_ratio_high=CLIP_HIGH, clip_ratio_c=CLIP_C)
+    close(loss.item(), verl["policy_loss"]["loss"], "policy loss")
+    for k in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+        assert metrics[k] == pytest.approx(verl["policy_loss"][k], abs=1e-6), k
+    assert metrics["pg_clipfrac"] > 0 and metrics["pg_clipfrac_lower"] > 0      # both clips bind on these inputs
+
+    rewards_, kl = ppo.kl_in_reward(t["token_level_scores"], t["old_logps"], t["ref_logps"], mask, beta=BETA)
+    close(rewards_, verl["kl_in_reward"]["token_level_rewards"], "token-level rewards with the KL")
+    assert kl == pytest.approx(verl["kl_in_reward"]["kl"], abs=1e-6)
+    assert verl["kl_in_reward"]["source"].endswith("verl/trainer/ppo/ray_trainer.py")
+
+    close(ppo.masked_whiten(t["values"], mask), verl["whiten"], "masked_whiten")
+    close(ppo.masked_whiten(t["values"], mask, shift_mean=False), verl["whiten_keep_mean"], "masked_whiten, mean kept")
+    close(ppo.entropy_from_logits(t["logits"]), verl["entropy"], "entropy")
+
+
+def test_command_for_ppo_with_a_critic_and_reinforce_pp(tmp_path):
+    ov = dict(a.split("=", 1) for a in verl_export.main_ppo_overrides("m", tmp_path, adv_estimator="gae", kl_coef=0.02,
+                                                                      lam=0.9, lora_r=8))
+    assert ov["algorithm.adv_estimator"] == "gae" and ov["algorithm.use_kl_in_reward"] == "True"
+    assert ov["algorithm.kl_ctrl.kl_coef"] == "0.02" and ov["algorithm.kl_penalty"] == "kl"
+    assert ov["algorithm.lam"] == "0.9" and ov["critic.model.path"] == "m" and ov["critic.model.lora_rank"] == "8"
+    assert ov["critic.model.lora_alpha"] == "16"
+    rpp = dict(a.split("=", 1) for a in verl_export.main_ppo_overrides("m", tmp_path,
+                                                                       adv_estimator="reinforce_plus_plus"))
+    assert rpp["algorithm.use_kl_in_reward"] == "False" and "algorithm.lam" not in rpp
+    assert not any(k.startswith("critic.") or k.startswith("algorithm.kl_ctrl") for k in rpp)
+    grpo = dict(a.split("=", 1) for a in verl_export.main_ppo_overrides("m", tmp_path))
+    assert "algorithm.gamma" not in grpo and not any(k.startswith("critic.") for k in grpo)

@@ -136,6 +136,14 @@ def main_ppo_overrides(
     max_response_length: int = 512,
     learning_rate: float = 1e-6,
     beta: float = 0.0,
+    adv_estimator: str = "grpo",
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    entropy_coeff: float = 0.0,
+    critic_learning_rate: float = 1e-5,
+    cliprange_value: float = 0.5,
+    critic_warmup: int = 0,
     epochs: int = 1,
     max_steps: int | None = None,
     temperature: float = 1.0,
@@ -175,6 +183,16 @@ def main_ppo_overrides(
     learning_rate                 ``actor.optim.lr``
     beta                          KL to the reference as a loss term: ``actor.use_kl_loss`` (beta > 0)
                                   and ``actor.kl_loss_coef``; 0 needs no reference model
+    adv_estimator                 ``algorithm.adv_estimator``: ``grpo``, ``rloo``, ``reinforce_plus_plus``,
+                                  ``gae`` (PPO with a critic: adds the ``critic.*`` keys) ...
+    kl_coef                       KL folded into the reward (lesson 07): ``algorithm.use_kl_in_reward``
+                                  (kl_coef > 0), ``algorithm.kl_ctrl.kl_coef`` (fixed), ``kl_penalty=kl``
+    gamma, lam                    ``algorithm.gamma``, ``algorithm.lam`` (GAE's lambda); verl's defaults 1.0
+    entropy_coeff                 ``actor.entropy_coeff`` (the entropy bonus)
+    critic_learning_rate          ``critic.optim.lr`` (``gae`` only: the critic starts from ``model``,
+                                  ``critic.model.path``, with the actor's LoRA settings)
+    cliprange_value               ``critic.cliprange_value``
+    critic_warmup                 ``trainer.critic_warmup``: steps that train the critic only
     epochs, max_steps             ``trainer.total_epochs``, ``trainer.total_training_steps``
     temperature                   ``actor_rollout_ref.rollout.temperature``
     lora_r, lora_alpha,           ``actor_rollout_ref.model.lora_rank`` (0 = full fine-tune),
@@ -187,8 +205,17 @@ def main_ppo_overrides(
     reward_path = _local(reward_path) if reward_path is not None else str(Path(data_dir) / "reward.py")
     mini_batch_size = train_batch_size if mini_batch_size is None else mini_batch_size
     ov = {
-        "algorithm.adv_estimator": "grpo",
-        "algorithm.use_kl_in_reward": False,
+        "algorithm.adv_estimator": adv_estimator,
+        "algorithm.use_kl_in_reward": kl_coef > 0,
+    }
+    if kl_coef > 0:
+        ov.update({"algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed",
+                   "algorithm.kl_ctrl.kl_coef": kl_coef})
+    if adv_estimator == "gae":
+        ov.update({"algorithm.gamma": gamma, "algorithm.lam": lam})
+    elif adv_estimator.startswith("reinforce_plus_plus"):
+        ov["algorithm.gamma"] = gamma
+    ov.update({
         "data.train_files": str(Path(data_dir) / "train.parquet"),
         "data.val_files": str(Path(data_dir) / "test.parquet"),
         "data.prompt_key": "prompt",
@@ -200,7 +227,7 @@ def main_ppo_overrides(
         "actor_rollout_ref.model.path": _local(model),
         "actor_rollout_ref.model.enable_gradient_checkpointing": gradient_checkpointing,
         "actor_rollout_ref.model.lora_rank": lora_r,
-    }
+    })
     if lora_r > 0:
         ov["actor_rollout_ref.model.lora_alpha"] = lora_alpha if lora_alpha is not None else 2 * lora_r
         ov["actor_rollout_ref.model.target_modules"] = lora_target_modules or "all-linear"
@@ -211,7 +238,7 @@ def main_ppo_overrides(
         "actor_rollout_ref.actor.use_kl_loss": beta > 0,
         "actor_rollout_ref.actor.kl_loss_coef": beta,
         "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-        "actor_rollout_ref.actor.entropy_coeff": 0,
+        "actor_rollout_ref.actor.entropy_coeff": entropy_coeff,
         "actor_rollout_ref.rollout.name": rollout,
         "actor_rollout_ref.rollout.n": num_generations,
         "actor_rollout_ref.rollout.temperature": temperature,
@@ -222,6 +249,19 @@ def main_ppo_overrides(
     if lora_r > 0:
         ov["actor_rollout_ref.rollout.load_format"] = "safetensors"  # verl's LoRA recipe
     ov["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = micro_batch_size_per_gpu
+    if adv_estimator == "gae":                        # PPO: a critic, initialised from the same model
+        ov.update({
+            "critic.model.path": _local(model),
+            "critic.model.enable_gradient_checkpointing": gradient_checkpointing,
+            "critic.model.lora_rank": lora_r,
+            "critic.optim.lr": critic_learning_rate,
+            "critic.ppo_micro_batch_size_per_gpu": micro_batch_size_per_gpu,
+            "critic.cliprange_value": cliprange_value,
+            "trainer.critic_warmup": critic_warmup,
+        })
+        if lora_r > 0:
+            ov["critic.model.lora_alpha"] = lora_alpha if lora_alpha is not None else 2 * lora_r
+            ov["critic.model.target_modules"] = lora_target_modules or "all-linear"
     ov.update({
         "reward.custom_reward_function.path": reward_path,
         "reward.custom_reward_function.name": REWARD_FN,
@@ -247,7 +287,7 @@ def main_ppo_overrides(
 
 def main_ppo_command(model: str, data_dir, *, multiline: bool = True, python: str = "python",
                      **kwargs) -> str:
-    """The shell command that runs GRPO on the exported data with verl.
+    """The shell command that trains on the exported data with verl (GRPO by default; ``adv_estimator``).
 
     ``python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_files=... \\``
     with one override per line (``multiline=False``: one line). Arguments as in

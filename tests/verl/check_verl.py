@@ -6,6 +6,8 @@ module must stand alone). ``spec.json`` holds:
 
 * ``command``       the ``python -m verl.trainer.main_ppo ...`` line from ``utils.verl_export``
 * ``more_commands`` further command lines whose keys are only checked (e.g. a LoRA/vLLM preset)
+* ``validated_commands`` further command lines run through ``main`` like ``command`` (lesson 07's PPO with a
+  critic and REINFORCE++), each with what verl derives from it: ``need_critic``, ``need_reference_policy``
 * ``cases``         ``[{"data_source", "solution_str", "ground_truth", "extra_info"}, ...]`` to score
 * ``hydra_dir``     a scratch folder for Hydra's run directory
 
@@ -67,6 +69,9 @@ def run_main_ppo(overrides: list[str], hydra_dir: str):
         captured["runner"] = getattr(task_runner_class, "__name__", str(task_runner_class))
 
     main_ppo.run_ppo = keep_config
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()       # main may run more than once in this process
     argv = sys.argv
     sys.argv = ["main_ppo.py", *overrides, f"hydra.run.dir={hydra_dir}", "hydra.output_subdir=null",
                 "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
@@ -139,6 +144,21 @@ def main(spec_path: str, out_path: str) -> None:
         out["more_commands"].append({
             "missing_keys": [k for k in keys if k not in known],
             "config": {k: plain(OmegaConf.select(composed, k)) for k in keys},
+        })
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    out["validated_commands"] = []
+    for command in spec.get("validated_commands", []):
+        ov = overrides_of(command)
+        keys = [o.split("=", 1)[0] for o in ov]
+        validated, validated_runner = run_main_ppo(ov, spec["hydra_dir"])
+        out["validated_commands"].append({
+            "missing_keys": [k for k in keys if k not in known],
+            "runner": validated_runner,
+            "need_critic": need_critic(validated),
+            "need_reference_policy": bool(need_reference_policy(validated)),
+            "config": {k: plain(OmegaConf.select(validated, k)) for k in keys},
         })
 
     # ---------------------------------------------------------------- 2. the data

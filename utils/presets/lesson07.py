@@ -1,4 +1,4 @@
-"""Lesson 07, reward models (and next: PPO with a critic, REINFORCE++): every knob on every tier (data only;
+"""Lesson 07, reward models, PPO with a critic and REINFORCE++: every knob on every tier (data only;
 ``presets.resolve`` reads it)."""
 from .tiers import ALL_LINEAR as ALL
 from .tiers import DATASETS, MODELS
@@ -31,4 +31,19 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "gradient_checkpointing": (False, True,   True,   False),
     "save_steps":             (0,     50,     50,     50),
     "logging_steps":          (5,     10,     10,     10),
+    # sections 7-8: PPO with a critic and REINFORCE++ from scratch (verl's names), the same budget for both
+    "rl_pool":                (2000,  7473,   7473,   7473),    # training prompts the RL runs draw from
+    "rl_iterations":          (15,    200,    200,    200),     # rollout + update rounds
+    "rl_prompts":             (16,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
+    "rl_samples":             (4,     4,      4,      4),       # responses per prompt (rollout.n)
+    "rl_minibatches":         (2,     4,      4,      4),       # updates per rollout (batch / ppo_mini_batch_size)
+    "rl_micro_batch":         (64,    4,      8,      8),       # sequences per forward (ppo_micro_batch_size_per_gpu)
+    "rl_learning_rate":       (1e-4,  1e-5,   1e-5,   1e-5),    # actor (tiny: full fine-tune; GPU: LoRA)
+    "critic_learning_rate":   (1e-3,  1e-4,   1e-4,   1e-4),    # critic: a fresh value head learns fast
+    "kl_coef":                (0.05,  0.05,   0.05,   0.05),    # algorithm.kl_ctrl.kl_coef (KL in the reward)
+    "gamma":                  (1.0,   1.0,    1.0,    1.0),     # algorithm.gamma (verl's default)
+    "lam":                    (1.0,   1.0,    1.0,    1.0),     # algorithm.lam (verl's default)
+    "clip_ratio":             (0.2,   0.2,    0.2,    0.2),     # actor.clip_ratio (low = high)
+    "cliprange_value":        (0.5,   0.5,    0.5,    0.5),     # critic.cliprange_value (verl's default)
+    "entropy_coeff":          (0.0,   0.0,    0.0,    0.0),     # actor.entropy_coeff (verl's default: no bonus)
 }

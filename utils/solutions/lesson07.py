@@ -37,3 +37,30 @@ def last_token_index(input_ids, pad_token_id):
     """
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     return (positions * (input_ids != pad_token_id)).argmax(dim=-1)
+
+
+# ----------------------------------------------------------------------------- 07-gae
+def gae(rewards, values, mask, gamma, lam):
+    """Generalized advantage estimation (Schulman et al. 2016) for a batch of responses, one token at a time.
+
+    Args:
+        rewards: (B, T) float, each response token's reward (the score on the last token, minus the KL on all).
+        values: (B, T) float, the critic's value of the state before each token.
+        mask: (B, T) float, 1.0 on response tokens. A position with 0 is skipped: the next value and the running
+            advantage pass through it unchanged (so padding after the end gets advantage 0).
+        gamma: float, the discount; lam: float, GAE's lambda.
+    Returns:
+        (advantages, returns), each (B, T) float, not whitened:
+        A_t = delta_t + gamma * lam * A_{t+1},  delta_t = r_t + gamma * V_{t+1} - V_t  (V and A are 0 after the
+        last token), and returns = advantages + values: the critic's targets.
+    """
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = m * (delta + gamma * lam * running) + (1 - m) * running
+        next_value = m * values[:, t] + (1 - m) * next_value
+        advantages[:, t] = running
+    return advantages, advantages + values
