@@ -83,8 +83,7 @@ def last_token_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"scores must be (B,) = ({mask.shape[0]},), got {tuple(scores.shape)}")
     if (mask.sum(1) == 0).any():
         raise ValueError("a response with no token (an all-zero mask row) has nowhere to put its score")
-    positions = torch.arange(mask.shape[1], device=mask.device)
-    last = (positions * (mask > 0)).argmax(dim=1)
+    last = mask.shape[1] - 1 - (mask > 0).flip(1).int().argmax(dim=1)    # argmax: the first 1 from the right
     out = torch.zeros_like(mask, dtype=scores.dtype)
     out[torch.arange(len(last), device=mask.device), last] = scores
     return out
