@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils import data, ppo, rewards, verl_export
+from utils import data, ppo, rewards, rl, verl_export
 from utils.constants import REPO_ROOT as ROOT
 from utils.constants import TINY_MODEL_DIR as TINY
 
@@ -52,7 +52,7 @@ MANAGER_TEMPLATES = ["Adding up.\n#### {ground_truth}", "It is {ground_truth}.",
                      "Adding up.\n#### 100000", "no idea"]
 
 
-# Lesson 07's scale-out: PPO with a critic and REINFORCE++, both with the KL in the reward.
+# Lesson 07's scale-out: PPO with a critic, REINFORCE++ and RLOO with the KL in the reward, GRPO with it in the loss.
 LESSON07_COMMON = dict(n_gpus=1, train_batch_size=4, micro_batch_size_per_gpu=2, max_prompt_length=128,
                        max_response_length=96, learning_rate=1e-6, epochs=1, kl_coef=0.05)
 LESSON07_COMMANDS = {
@@ -60,6 +60,8 @@ LESSON07_COMMANDS = {
                 cliprange_value=0.5, entropy_coeff=0.001, critic_warmup=2, experiment_name="ppo"),
     "reinforce_plus_plus": dict(adv_estimator="reinforce_plus_plus", num_generations=4, gamma=1.0,
                                 experiment_name="reinforce-pp"),
+    "rloo": dict(adv_estimator="rloo", num_generations=4, experiment_name="rloo"),
+    "grpo": dict(adv_estimator="grpo", num_generations=4, experiment_name="grpo", kl_coef=0.0, beta=0.05),
 }
 
 
@@ -107,7 +109,7 @@ def verl_check(verl_python, tmp_path_factory):
         "Qwen/Qwen3-1.7B-Base", "/data/gsm8k", n_gpus=8, nnodes=2, train_batch_size=256,
         mini_batch_size=64, num_generations=8, learning_rate=5e-6, beta=0.001, lora_r=32, lora_alpha=64,
         lora_target_modules=LORA_TARGETS, max_steps=200, extra={"trainer.resume_mode": "disable"})
-    ppo_commands = [verl_export.main_ppo_command(str(TINY), tmp / "export", **LESSON07_COMMON, **kw)
+    ppo_commands = [verl_export.main_ppo_command(str(TINY), tmp / "export", **{**LESSON07_COMMON, **kw})
                     for kw in LESSON07_COMMANDS.values()]
     rows = [verl_export.to_verl_row(p, "test", i, data_source=verl_export.SYNTHETIC_SOURCE)
             for i, p in enumerate(test)]
@@ -240,15 +242,21 @@ def test_verl_main_ppo_accepts_our_commands(verl_check):
 
 @pytest.mark.slow
 def test_verl_main_ppo_accepts_lesson07_commands(verl_check):
-    """PPO with a critic (adv_estimator=gae) and REINFORCE++ pass verl's validate_config and reach run_ppo."""
-    ppo_, rpp = verl_check["out"]["validated_commands"]
-    for got in (ppo_, rpp):
+    """PPO with a critic (adv_estimator=gae), REINFORCE++, RLOO and GRPO pass verl's validate_config and reach
+    run_ppo."""
+    ppo_, rpp, rloo, grpo = verl_check["out"]["validated_commands"]
+    for got in (ppo_, rpp, rloo, grpo):
         assert got["missing_keys"] == [] and "TaskRunnerV1" in got["runner"]
-        assert got["need_reference_policy"] is True                      # the KL in the reward needs pi_ref
+        assert got["need_reference_policy"] is True and got["need_critic"] is (got is ppo_)  # the KL needs pi_ref
+    assert grpo["config"]["algorithm.use_kl_in_reward"] is False
+    assert grpo["config"]["actor_rollout_ref.actor.use_kl_loss"] is True
+    assert grpo["config"]["actor_rollout_ref.actor.kl_loss_coef"] == 0.05
+    assert grpo["config"]["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
+    assert rloo["config"]["algorithm.adv_estimator"] == "rloo"
+    for got in (ppo_, rpp, rloo):                                        # the KL in the reward
         assert got["config"]["algorithm.use_kl_in_reward"] is True
         assert got["config"]["algorithm.kl_ctrl.kl_coef"] == 0.05
         assert got["config"]["actor_rollout_ref.actor.use_kl_loss"] is False   # not both KL placements
-    assert ppo_["need_critic"] is True and rpp["need_critic"] is False
     assert ppo_["config"]["algorithm.adv_estimator"] == "gae"
     assert ppo_["config"]["algorithm.lam"] == 0.95
     assert ppo_["config"]["critic.model.path"] == str(TINY)
@@ -310,6 +318,7 @@ def test_verl_custom_reward_scores_like_trl(verl_check):
 # ----------------------------------------------------------------------------- slow: PPO pieces against verl's core_algos
 CORE_CHECKER = VERL_DIR / "check_core_algos.py"
 GAMMA, LAM, BETA, CLIP_LOW, CLIP_HIGH, CLIP_C, CLIP_VALUE = 0.9, 0.8, 0.1, 0.2, 0.28, 3.0, 0.5
+GROUP_SIZE, GRPO_EPSILON = 2, 1e-6      # the four responses as two prompts' groups; verl's default epsilon
 
 
 def core_inputs() -> dict:
@@ -348,7 +357,8 @@ def core_algos(verl_python, tmp_path_factory):
     t = core_inputs()
     spec = {"tensors": {k: v.tolist() for k, v in t.items()}, "gamma": GAMMA, "lam": LAM, "beta": BETA,
             "clip_ratio_low": CLIP_LOW, "clip_ratio_high": CLIP_HIGH, "clip_ratio_c": CLIP_C,
-            "cliprange_value": CLIP_VALUE}
+            "cliprange_value": CLIP_VALUE, "index": [i // GROUP_SIZE for i in range(len(t["mask"]))],
+            "grpo_epsilon": GRPO_EPSILON}
     (tmp / "spec.json").write_text(json.dumps(spec))
     work = tmp / "work"
     work.mkdir()
@@ -378,6 +388,21 @@ def test_lesson07_gae_equals_verl(core_algos):
     # the inputs make the mask rules matter: GAE without them would differ
     unmasked, _ = gae(t["token_level_rewards"], t["values"], torch.ones_like(t["mask"]), GAMMA, LAM)
     assert (unmasked - adv).abs().max() > 0.1
+
+
+@pytest.mark.slow
+def test_lesson07_rloo_and_grpo_equal_verl(core_algos):
+    """Section 9's advantages and GRPO's KL loss term, as lesson 07 builds them, against verl's core_algos."""
+    from utils.solutions.lesson04 import group_advantages, k3_kl
+
+    t, verl = core_algos
+    mask = t["mask"]
+    sequence_reward = (t["token_level_rewards"] * mask).sum(1)        # score - kl_coef * sum of k1, per response
+    close(rl.rloo_advantages(sequence_reward, GROUP_SIZE)[:, None] * mask, verl["rloo"], "RLOO advantages")
+    close(group_advantages(sequence_reward, GROUP_SIZE, eps=GRPO_EPSILON)[:, None] * mask, verl["grpo"],
+          "GRPO advantages")
+    assert (torch.tensor(verl["grpo"]).abs() > 0.5).any()               # not all zero: the groups' rewards differ
+    close(k3_kl(t["logps"], t["ref_logps"]), verl["low_var_kl"], "k3 KL (verl: low_var_kl)")
 
 
 @pytest.mark.slow

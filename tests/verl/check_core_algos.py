@@ -6,6 +6,9 @@ itself). ``spec.json`` holds the inputs as nested lists of floats; ``out.json`` 
 
 * ``gae``: ``core_algos.compute_gae_advantage_return`` (whitened advantages, returns)
 * ``reinforce_pp``: ``core_algos.compute_reinforce_plus_plus_outcome_advantage`` with ``AlgoConfig(gamma)``
+* ``grpo``, ``rloo``: ``core_algos.compute_grpo_outcome_advantage`` (std-normalised, verl's epsilon) and
+  ``compute_rloo_outcome_advantage`` on the given groups (``index``)
+* ``low_var_kl``: ``core_algos.kl_penalty(..., "low_var_kl")``, the k3 estimate of GRPO's KL loss
 * ``value_loss``: ``core_algos.compute_value_loss`` (loss, clipfrac)
 * ``policy_loss``: ``core_algos.compute_policy_loss_vanilla`` with an ``FSDPActorConfig`` (loss, metrics)
 * ``kl_in_reward``: ``apply_kl_penalty`` from ``verl/trainer/ppo/ray_trainer.py`` on a ``DataProto`` with
@@ -38,6 +41,7 @@ def load_apply_kl_penalty():
 
 
 def main(spec_path: str, out_path: str) -> None:
+    import numpy as np
     import torch
     import verl
     from verl import DataProto
@@ -58,6 +62,14 @@ def main(spec_path: str, out_path: str) -> None:
     adv, ret = core_algos.compute_reinforce_plus_plus_outcome_advantage(
         t["token_level_rewards"], mask, config=AlgoConfig(gamma=spec["gamma"]))
     out["reinforce_pp"] = {"advantages": adv.tolist(), "returns": ret.tolist()}
+
+    index = np.array(spec["index"])
+    rewards = t["token_level_rewards"] * mask                  # as the trainer builds them: 0 off the response
+    adv, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=spec["grpo_epsilon"])
+    out["grpo"] = adv.tolist()
+    adv, _ = core_algos.compute_rloo_outcome_advantage(rewards, mask, index, config=AlgoConfig())
+    out["rloo"] = adv.tolist()
+    out["low_var_kl"] = core_algos.kl_penalty(t["logps"], t["ref_logps"], "low_var_kl").tolist()
 
     loss, clipfrac = core_algos.compute_value_loss(t["vpreds"], t["returns"], t["values"], mask,
                                                    cliprange_value=spec["cliprange_value"])

@@ -1,5 +1,5 @@
-"""Lesson 07, reward models, PPO with a critic and REINFORCE++: every knob on every tier (data only;
-``presets.resolve`` reads it)."""
+"""Lesson 07, reward models, PPO with a critic, its critic-free descendants and RFT: every knob on every tier
+(data only; ``presets.resolve`` reads it)."""
 from .tiers import ALL_LINEAR as ALL
 from .tiers import DATASETS, MODELS
 
@@ -31,7 +31,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "gradient_checkpointing": (False, True,   True,   False),
     "save_steps":             (0,     50,     50,     50),
     "logging_steps":          (5,     10,     10,     10),
-    # sections 7-8: PPO with a critic and REINFORCE++ from scratch (verl's names), the same budget for both
+    # sections 7-11: PPO with a critic, REINFORCE++, RLOO, GRPO and RFT from scratch (verl's names), one budget
     "rl_pool":                (2000,  7473,   7473,   7473),    # training prompts the RL runs draw from
     "rl_iterations":          (15,    200,    200,    200),     # rollout + update rounds
     "rl_prompts":             (16,    16,     32,     64),      # prompts per rollout (data.train_batch_size)

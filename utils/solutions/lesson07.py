@@ -64,3 +64,36 @@ def gae(rewards, values, mask, gamma, lam):
         next_value = m * values[:, t] + (1 - m) * next_value
         advantages[:, t] = running
     return advantages, advantages + values
+
+
+# ----------------------------------------------------------------------------- 07-gradient-coefficients
+def gradient_coefficients(correct, logps, ref_logps, mask, beta):
+    """How hard each method pushes each sampled token: c = -dL/dlogps, the coefficient of grad log pi(o_t).
+
+    One prompt's G sampled responses, judged by the verifier; each loss L as section 10's table writes it.
+
+    Args:
+        correct: (G,) float, 1.0 where the verifier accepts response i, else 0.0 (G >= 2).
+        logps: (G, T) float, log-probs of the sampled tokens under the policy that sampled them (on-policy).
+        ref_logps: (G, T) float, the same under the reference (SFT) model.
+        mask: (G, T) float, 1.0 on response tokens, 0.0 on padding.
+        beta: float, DPO's beta and GRPO's KL coefficient.
+    Returns:
+        dict of (G, T) float tensors, 0 where mask is 0:
+        "sft": 1 / (G |o_i|) on every token of response i;  "rft", "online_rft": the same times correct_i;
+        "dpo": summed over the P (correct w, wrong l) pairs a response is in, +beta / P * sigmoid(beta (h_l - h_w))
+               on w's tokens and minus that on l's, h_i = sum_t (logps - ref_logps) * mask; all 0 when P = 0;
+        "grpo": (A_i + beta * (pi_ref / pi - 1)) / (G |o_i|), pi_ref / pi = exp(ref_logps - logps), and A lesson
+                04's group advantages of `correct` (its std plus 1e-4; all 0 in a group whose rewards are equal).
+    """
+    G = len(correct)
+    per_token = mask / (G * mask.sum(1, keepdim=True).clamp(min=1))            # 1 / (G |o_i|)
+    h = ((logps - ref_logps) * mask).sum(1)
+    w, l = correct.bool(), ~correct.bool()
+    pairs = (w[:, None] & l[None, :]).float()                                  # [i, j]: i chosen, j rejected
+    pull = beta * torch.sigmoid(beta * (h[None, :] - h[:, None])) * pairs
+    dpo = (pull.sum(1) - pull.sum(0)) / pairs.sum().clamp(min=1)
+    advantages = (correct - correct.mean()) / (correct.std() + 1e-4)
+    return {"sft": per_token, "rft": correct[:, None] * per_token, "online_rft": correct[:, None] * per_token,
+            "dpo": dpo[:, None] * mask,
+            "grpo": (advantages[:, None] + beta * (torch.exp(ref_logps - logps) - 1)) * per_token}
