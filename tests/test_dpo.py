@@ -141,6 +141,7 @@ def test_preference_pairs_from_scripted_samples(monkeypatch):
     assert stats["guessed_only"] == 1 and stats["unsound_only"] == 1
     assert stats["sample_accuracy"] == pytest.approx(7 / 25) and stats["samples"] == 25
     assert stats["sample_shortcut_share"] == pytest.approx(6 / 25)  # five bare answers and "nothing"
+    assert stats["answers"] == scripted                               # every sample, for a caller to label
     corr, style = pairs
     assert corr["kind"] == "correctness" and corr["chosen"][0]["content"] == "1 + 1 = 2\n#### 2"
     assert corr["rejected"][0]["content"] in ("1 + 1 = 3\n#### 3", "The answer is 3.\n#### 3")

@@ -125,5 +125,78 @@ def test_what_the_critic_costs(records):
     assert records["07/ppo_explained_variance_last3"] > records["07/ppo_explained_variance_first"]
 
 
+def test_outcome_reward_model_sees_the_final_number(records):
+    # Trained on the verifier's labels (every sample of section 1), the outcome RM lowers the reward of a wrong
+    # final number beyond its noise on every seed, where the preference RM cannot tell (test_probes_...). Seeds 0, 1, 2:
+    # wrong final number -0.008 ± 0.002 / -0.013 ± 0.004 / -0.012 ± 0.003, working removed -0.15 / -0.31 / -0.25
+    # (SE 0.011-0.015), filler -0.060 / -0.030 / -0.084 (SE 0.009-0.012); no final line +0.11 / +0.13 / +0.23 (SE
+    # about 0.02: an edit no training answer had, extrapolated). Not asserted: held-out ranking 0.785 / 0.618 / 0.933
+    # against the preference RM's 0.908 / 0.891 / 0.956 (lower beyond 2 SE on seeds 0 and 1, within noise on 2).
+    def delta(name):
+        return records[f"07/orm_probe_{name}"], records[f"07/orm_probe_{name}_se"]
+
+    for name in ("wrong_final_number", "working_removed"):
+        d, se = delta(name)
+        assert d < -2 * se, f"outcome RM, {name} lowers the reward: {d:.4f} ± {se:.4f}"
+    d, se = delta("no_final_line")
+    assert d > 2 * se, f"outcome RM, no final line: {d:.4f} ± {se:.4f}"
+    assert records["07/orm_train_answers"] > 4 * records["07/train_pairs"], "every sample is labelled, not only pairs"
+    assert 0 < records["07/orm_train_correct"] < records["07/orm_train_answers"]
+
+
+def test_the_lesson_prints_each_outcome_rm_verdict(records, lesson_runs):
+    text = lesson_runs.output_of("07", "orm-compare")
+    for name in ("wrong final number", "filler added", "working removed", "no final line"):
+        d, se = records[f"07/orm_probe_{name.replace(' ', '_')}"], records[f"07/orm_probe_{name.replace(' ', '_')}_se"]
+        word = "lowers the reward" if d < -2 * se else "raises the reward" if d > 2 * se else "changes it within noise"
+        assert f"outcome RM, {name}: {word}" in text, (name, d, se)
+
+
+def gap(a, b):
+    """overopt-read's words for the gold of window a minus window b."""
+    d, se = a[0] - b[0], (a[1] ** 2 + b[1] ** 2) ** 0.5
+    return "within noise" if abs(d) < 2 * se else ("higher" if d > 0 else "lower")
+
+
+def test_over_optimisation_proxy_rises_gold_does_not(records):
+    # GRPO against the reward model, no KL, 30 iterations of 8 prompts x 4 samples; windows of 5 iterations (160
+    # answers, gold SE about 0.025). Seeds 0, 1, 2, the six windows' gold: .106 .125 .188 .150 .119 .069 /
+    # .125 .200 .169 .100 .050 .113 / .150 .100 .131 .231 .044 .113; proxy .33 -> 1.44 / .29 -> 1.59 / .35 -> 1.89
+    # (per-iteration sd 0.04-0.15). Last window - first: -0.037 / -0.012 / -0.037, within noise on every seed; the
+    # proxy still rises after the gold's peak (1.27 -> 1.44 / 1.21 -> 1.59 / 1.77 -> 1.89). Not asserted: the peak's
+    # lead over the first window, +0.081 / +0.075 / +0.081 (beyond 2 SE on seed 0 only, and biased up by picking the
+    # best of six windows) and its fall to the last, -0.119 / -0.088 / -0.119 (beyond 2 SE on all three, same bias).
+    gold, se, proxy = records["07/overopt_gold"], records["07/overopt_gold_se"], records["07/overopt_proxy"]
+    assert len(gold) == len(se) == len(proxy) == 6
+    assert proxy[-1] - proxy[0] > 1.0, f"the proxy rises: {proxy}"
+    assert gold[-1] - gold[0] < 2 * (se[0] ** 2 + se[-1] ** 2) ** 0.5, f"no gold bought at the end: {gold}"
+    assert records["07/overopt_proxy_last"] > records["07/overopt_proxy_peak"], "the proxy keeps rising after the gold's peak"
+    peak = max(range(6), key=gold.__getitem__)
+    assert records["07/overopt_gold_peak"] == gold[peak] and records["07/overopt_proxy_peak"] == proxy[peak]
+    assert records["07/overopt_kl"][-1] > records["07/overopt_kl"][0], "the policy moves away from the SFT model"
+
+
+def test_over_optimisation_verdicts_are_read_from_the_windows(records, lesson_runs):
+    w = {k: (records[f"07/overopt_gold_{k}"], records[f"07/overopt_gold_{k}_se"]) for k in ("first", "peak", "last")}
+    text = lesson_runs.output_of("07", "overopt-read")
+    for label, a, b in (("peak - first window", "peak", "first"), ("last window - peak", "last", "peak"),
+                        ("last window - first", "last", "first")):
+        line = next(x for x in text.splitlines() if x.startswith(f"{label}: "))
+        assert line.endswith(gap(w[a], w[b])), line
+
+
+def test_the_over_optimised_policy_learned_what_the_proxy_pays_for(records):
+    # the probes' features, held-out answers of the SFT model and of the over-optimised policy (64 each). Seeds 0, 1,
+    # 2: shows working 0.33 / 0.28 / 0.34 -> 1.00 on all three; opens with filler 0.53 / 0.38 / 0.59 -> 0.00
+    assert records["07/overopt_after_shows_working"] >= 0.9 > records["07/overopt_sft_shows_working"] + 0.3
+    assert records["07/overopt_after_opens_with_filler"] <= 0.1 < records["07/overopt_sft_opens_with_filler"] - 0.2
+    assert records["07/overopt_after_proxy"] > records["07/overopt_sft_proxy"] + 1.0
+
+
+def test_reward_model_in_grpo_trainer_scores_as_ours(records):
+    # GRPOTrainer's reward_funcs entry renders the chat template and reads logits[:, 0]: section 4's scoring
+    assert records["07/trl_rm_abs_diff"] < 1e-5
+
+
 def test_headline_is_declared_and_read_from_the_run(lesson_runs):
     assert len(lesson_runs.headline("07")) == 4

@@ -203,7 +203,9 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
     ``sample_accuracy``, ``sample_shortcut_share`` (:func:`utils.data.is_shortcut`),
     ``correctness``, ``style``, ``all_correct``, ``all_wrong``, ``guessed_only`` (right only by
     bare guesses), ``unsound_only`` (right with working, but none whose arithmetic checks out)
-    and ``conflicting`` (see above); those three give no pair.
+    and ``conflicting`` (see above); those three give no pair; and ``answers``, every sampled
+    answer (one list of ``n_samples`` texts per problem), for a caller that labels them itself
+    (lesson 07's outcome reward model).
     """
     rng = random.Random(seed)
     prompts = evaluation.format_prompts(tokenizer, problems, "chat")
@@ -248,4 +250,5 @@ def preference_pairs(model, tokenizer, problems: list[dict], n_samples: int = 4,
             stats["style"] += 1
     stats["sample_accuracy"] = n_correct / max(1, stats["samples"])
     stats["sample_shortcut_share"] = n_shortcut / max(1, stats["samples"])
+    stats["answers"] = [list(a) for a in samples]
     return pairs, stats

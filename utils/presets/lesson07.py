@@ -1,5 +1,4 @@
-"""Lesson 07, reward models, PPO with a critic, its critic-free descendants and RFT: every knob on every tier
-(data only; ``presets.resolve`` reads it)."""
+"""Lesson 07, reward models to over-optimisation: every knob on every tier (data only; ``presets.resolve`` reads it)."""
 from .tiers import ALL_LINEAR as ALL
 from .tiers import DATASETS, MODELS
 
@@ -31,8 +30,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "gradient_checkpointing": (False, True,   True,   False),
     "save_steps":             (0,     50,     50,     50),
     "logging_steps":          (5,     10,     10,     10),
-    # sections 7-11: PPO with a critic, REINFORCE++, RLOO, GRPO and RFT from scratch (verl's names), one budget
-    "rl_pool":                (2000,  7473,   7473,   7473),    # training prompts the RL runs draw from
+    "rl_pool":                (2000,  7473,   7473,   7473),    # sections 7-12, verl's names: the RL runs' prompt pool
     "rl_iterations":          (15,    200,    200,    200),     # rollout + update rounds
     "rl_prompts":             (16,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
     "rl_samples":             (4,     4,      4,      4),       # responses per prompt (rollout.n)
@@ -46,4 +44,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "clip_ratio":             (0.2,   0.2,    0.2,    0.2),     # actor.clip_ratio (low = high)
     "cliprange_value":        (0.5,   0.5,    0.5,    0.5),     # critic.cliprange_value (verl's default)
     "entropy_coeff":          (0.0,   0.0,    0.0,    0.0),     # actor.entropy_coeff (verl's default: no bonus)
+    "overopt_iterations":     (30,    200,    200,    200),     # section 12: rounds against the reward model
+    "overopt_prompts":        (8,     16,     32,     64),      # section 12: prompts per rollout
+    "overopt_kl_coef":        (0.0,   0.0,    0.0,    0.0),     # section 12: no KL, the fewest steps to over-optimise
 }
