@@ -125,9 +125,11 @@ def test_what_the_critic_costs(records):
     assert records["07/ppo_explained_variance_last3"] > records["07/ppo_explained_variance_first"]
 
 
-def test_outcome_reward_model_sees_the_final_number(records):
-    # Trained on the verifier's labels (every sample of section 1), the outcome RM lowers the reward of a wrong
-    # final number beyond its noise on every seed, where the preference RM cannot tell (test_probes_...). Seeds 0, 1, 2:
+def test_outcome_reward_model_lowers_a_wrong_final_number(records):
+    # Trained on the verifier's labels (drawn from every sample of section 1; 40 steps of 16 see 0.42 of an epoch on
+    # tiny), the outcome RM lowers the reward of a wrong final number beyond its noise on every seed, where the
+    # preference RM cannot tell (test_probes_...); a small effect (log-odds: 0.01 is about 0.1 points of P(correct)
+    # at the 10% it predicts) that the lesson shows in its table, not a claim of size. Seeds 0, 1, 2:
     # wrong final number -0.008 ± 0.002 / -0.013 ± 0.004 / -0.012 ± 0.003, working removed -0.15 / -0.31 / -0.25
     # (SE 0.011-0.015), filler -0.060 / -0.030 / -0.084 (SE 0.009-0.012); no final line +0.11 / +0.13 / +0.23 (SE
     # about 0.02: an edit no training answer had, extrapolated). Not asserted: held-out ranking 0.785 / 0.618 / 0.933
@@ -140,7 +142,7 @@ def test_outcome_reward_model_sees_the_final_number(records):
         assert d < -2 * se, f"outcome RM, {name} lowers the reward: {d:.4f} ± {se:.4f}"
     d, se = delta("no_final_line")
     assert d > 2 * se, f"outcome RM, no final line: {d:.4f} ± {se:.4f}"
-    assert records["07/orm_train_answers"] > 4 * records["07/train_pairs"], "every sample is labelled, not only pairs"
+    assert records["07/orm_train_answers"] > 4 * records["07/train_pairs"], "labelled: every sampled answer, not pairs"
     assert 0 < records["07/orm_train_correct"] < records["07/orm_train_answers"]
 
 
@@ -158,31 +160,38 @@ def gap(a, b):
     return "within noise" if abs(d) < 2 * se else ("higher" if d > 0 else "lower")
 
 
-def test_over_optimisation_proxy_rises_gold_does_not(records):
-    # GRPO against the reward model, no KL, 30 iterations of 8 prompts x 4 samples; windows of 5 iterations (160
-    # answers, gold SE about 0.025). Seeds 0, 1, 2, the six windows' gold: .106 .125 .188 .150 .119 .069 /
-    # .125 .200 .169 .100 .050 .113 / .150 .100 .131 .231 .044 .113; proxy .33 -> 1.44 / .29 -> 1.59 / .35 -> 1.89
-    # (per-iteration sd 0.04-0.15). Last window - first: -0.037 / -0.012 / -0.037, within noise on every seed; the
-    # proxy still rises after the gold's peak (1.27 -> 1.44 / 1.21 -> 1.59 / 1.77 -> 1.89). Not asserted: the peak's
-    # lead over the first window, +0.081 / +0.075 / +0.081 (beyond 2 SE on seed 0 only, and biased up by picking the
-    # best of six windows) and its fall to the last, -0.119 / -0.088 / -0.119 (beyond 2 SE on all three, same bias).
-    gold, se, proxy = records["07/overopt_gold"], records["07/overopt_gold_se"], records["07/overopt_proxy"]
-    assert len(gold) == len(se) == len(proxy) == 6
+def test_over_optimisation_the_proxy_rises_the_gold_does_not_follow(records):
+    # GRPO against the reward model, no KL, 30 iterations of 8 prompts x 4 samples: as many sampled answers (960) as
+    # section 9's GRPO on the verifier. The proxy's window means rise .33 -> 1.44 / .29 -> 1.59 / .35 -> 1.89 (seeds
+    # 0, 1, 2; per-iteration sd 0.04-0.15) and the KL grows (0.013 -> 0.19 / 0.015 -> 0.33 / 0.014 -> 0.18 per token).
+    # Held-out greedy accuracy, 200 problems: SFT 0.065 / 0.055 / 0.035, GRPO on the verifier 0.265 / 0.240 / 0.155,
+    # GRPO on the reward model 0.115 / 0.065 / 0.110: its gain over SFT +0.050 / +0.010 / +0.075 (within noise,
+    # within noise, beyond 2 SE) against the verifier's +0.200 / +0.185 / +0.120; verifier - reward model +0.150 /
+    # +0.175 / +0.045 (beyond 2 SE on seeds 0 and 1, within noise on 2): asserted only as "never better beyond noise".
+    # The windows' sampled gold (SE over the 40 prompts of a window, 0.03-0.056), first -> best -> last: .106 -> .188
+    # (iterations 11-15) -> .069 / .125 -> .200 (6-10) -> .113 / .150 -> .231 (16-20) -> .113; the fall from the best
+    # window is beyond 2 SE on seed 0 only, and every other difference is within noise: not asserted.
+    assert records["07/overopt_sampled_answers"] == records["07/grpo_sampled_answers"], "the same budget"
+    proxy = records["07/overopt_proxy"]
     assert proxy[-1] - proxy[0] > 1.0, f"the proxy rises: {proxy}"
-    assert gold[-1] - gold[0] < 2 * (se[0] ** 2 + se[-1] ** 2) ** 0.5, f"no gold bought at the end: {gold}"
-    assert records["07/overopt_proxy_last"] > records["07/overopt_proxy_peak"], "the proxy keeps rising after the gold's peak"
-    peak = max(range(6), key=gold.__getitem__)
-    assert records["07/overopt_gold_peak"] == gold[peak] and records["07/overopt_proxy_peak"] == proxy[peak]
     assert records["07/overopt_kl"][-1] > records["07/overopt_kl"][0], "the policy moves away from the SFT model"
+    n = records["07/rl_heldout_problems"]
+    gold_verifier, gold_proxy = records["07/grpo_heldout_accuracy"], records["07/overopt_heldout_accuracy"]
+    se = ((gold_verifier * (1 - gold_verifier) + gold_proxy * (1 - gold_proxy)) / n) ** 0.5
+    assert gold_proxy - gold_verifier < 2 * se, f"the proxy is never the better gold: {gold_proxy} vs {gold_verifier}"
 
 
-def test_over_optimisation_verdicts_are_read_from_the_windows(records, lesson_runs):
+def test_over_optimisation_verdicts_are_read_from_the_records(records, lesson_runs):
     w = {k: (records[f"07/overopt_gold_{k}"], records[f"07/overopt_gold_{k}_se"]) for k in ("first", "peak", "last")}
     text = lesson_runs.output_of("07", "overopt-read")
     for label, a, b in (("peak - first window", "peak", "first"), ("last window - peak", "last", "peak"),
                         ("last window - first", "last", "first")):
         line = next(x for x in text.splitlines() if x.startswith(f"{label}: "))
         assert line.endswith(gap(w[a], w[b])), line
+    names = {"overopt": "GRPO, reward model", "grpo": "GRPO, verifier", "sft": "SFT"}
+    for a, b in (("overopt", "sft"), ("grpo", "overopt")):
+        line = next(x for x in text.splitlines() if x.startswith(f"{names[a]} - {names[b]}: "))
+        assert verdict(records, a, b, names) in line, line
 
 
 def test_the_over_optimised_policy_learned_what_the_proxy_pays_for(records):
