@@ -175,10 +175,8 @@ def test_over_optimisation_the_proxy_rises_the_gold_does_not_follow(records):
     proxy = records["07/overopt_proxy"]
     assert proxy[-1] - proxy[0] > 1.0, f"the proxy rises: {proxy}"
     assert records["07/overopt_kl"][-1] > records["07/overopt_kl"][0], "the policy moves away from the SFT model"
-    n = records["07/rl_heldout_problems"]
-    gold_verifier, gold_proxy = records["07/grpo_heldout_accuracy"], records["07/overopt_heldout_accuracy"]
-    se = ((gold_verifier * (1 - gold_verifier) + gold_proxy * (1 - gold_proxy)) / n) ** 0.5
-    assert gold_proxy - gold_verifier < 2 * se, f"the proxy is never the better gold: {gold_proxy} vs {gold_verifier}"
+    names = {"overopt": "GRPO, reward model", "grpo": "GRPO, verifier"}
+    assert verdict(records, "overopt", "grpo", names) != "GRPO, reward model higher", "the proxy is never the better gold"
 
 
 def test_over_optimisation_verdicts_are_read_from_the_records(records, lesson_runs):
