@@ -78,8 +78,13 @@ def verdict(records, a, b, names):
 
     n = records["07/rl_heldout_problems"]
     x, y = records[f"07/{a}_heldout_accuracy"], records[f"07/{b}_heldout_accuracy"]
-    se = (binomial_se(x, n) ** 2 + binomial_se(y, n) ** 2) ** 0.5
-    return "within noise" if abs(x - y) < 2 * se else f"{names[a] if x > y else names[b]} higher"
+    return words((x, binomial_se(x, n)), (y, binomial_se(y, n)), names[a], names[b])
+
+
+def words(a, b, name_a, name_b):
+    """The lesson's words (its difference()) for a - b, each a (value, standard error)."""
+    se = (a[1] ** 2 + b[1] ** 2) ** 0.5
+    return "within noise" if abs(a[0] - b[0]) < 2 * se else f"{name_a if a[0] > b[0] else name_b} higher"
 
 
 NAMES = {"ppo": "PPO", "reinforce_pp": "REINFORCE++", "rloo": "RLOO", "grpo": "GRPO", "rft": "RFT",
@@ -154,23 +159,18 @@ def test_the_lesson_prints_each_outcome_rm_verdict(records, lesson_runs):
         assert f"outcome RM, {name}: {word}" in text, (name, d, se)
 
 
-def gap(a, b):
-    """overopt-read's words for the gold of window a minus window b."""
-    d, se = a[0] - b[0], (a[1] ** 2 + b[1] ** 2) ** 0.5
-    return "within noise" if abs(d) < 2 * se else ("higher" if d > 0 else "lower")
-
-
 def test_over_optimisation_the_proxy_rises_the_gold_does_not_follow(records):
     # GRPO against the reward model, no KL, 30 iterations of 8 prompts x 4 samples: as many sampled answers (960) as
     # section 9's GRPO on the verifier. The proxy's window means rise .33 -> 1.44 / .29 -> 1.59 / .35 -> 1.89 (seeds
     # 0, 1, 2; per-iteration sd 0.04-0.15) and the KL grows (0.013 -> 0.19 / 0.015 -> 0.33 / 0.014 -> 0.18 per token).
     # Held-out greedy accuracy, 200 problems: SFT 0.065 / 0.055 / 0.035, GRPO on the verifier 0.265 / 0.240 / 0.155,
-    # GRPO on the reward model 0.115 / 0.065 / 0.110: its gain over SFT +0.050 / +0.010 / +0.075 (within noise,
-    # within noise, beyond 2 SE) against the verifier's +0.200 / +0.185 / +0.120; verifier - reward model +0.150 /
+    # GRPO on the reward model 0.140 / 0.065 / 0.110: its gain over SFT +0.075 / +0.010 / +0.075 (beyond 2 SE,
+    # within noise, beyond 2 SE) against the verifier's +0.200 / +0.185 / +0.120; verifier - reward model +0.125 /
     # +0.175 / +0.045 (beyond 2 SE on seeds 0 and 1, within noise on 2): asserted only as "never better beyond noise".
-    # The windows' sampled gold (SE over the 40 prompts of a window, 0.03-0.056), first -> best -> last: .106 -> .188
-    # (iterations 11-15) -> .069 / .125 -> .200 (6-10) -> .113 / .150 -> .231 (16-20) -> .113; the fall from the best
-    # window is beyond 2 SE on seed 0 only, and every other difference is within noise: not asserted.
+    # The windows' sampled gold (SE over the 40 prompts of a window, 0.029-0.056), first -> best -> last: .113 -> .156
+    # (iterations 11-15) -> .075 / .125 -> .200 (6-10) -> .113 / .150 -> .231 (16-20) -> .113; every difference
+    # between them is within noise (the largest, the fall from the best window, -0.081 ± 0.053 / -0.088 ± 0.061 /
+    # -0.119 ± 0.068): no peak-and-fall is asserted.
     assert records["07/overopt_sampled_answers"] == records["07/grpo_sampled_answers"], "the same budget"
     proxy = records["07/overopt_proxy"]
     assert proxy[-1] - proxy[0] > 1.0, f"the proxy rises: {proxy}"
@@ -180,12 +180,12 @@ def test_over_optimisation_the_proxy_rises_the_gold_does_not_follow(records):
 
 
 def test_over_optimisation_verdicts_are_read_from_the_records(records, lesson_runs):
-    w = {k: (records[f"07/overopt_gold_{k}"], records[f"07/overopt_gold_{k}_se"]) for k in ("first", "peak", "last")}
+    labels = {"first": "first window", "peak": "gold's peak", "last": "last window"}
+    w = {k: (records[f"07/overopt_gold_{k}"], records[f"07/overopt_gold_{k}_se"]) for k in labels}
     text = lesson_runs.output_of("07", "overopt-read")
-    for label, a, b in (("peak - first window", "peak", "first"), ("last window - peak", "last", "peak"),
-                        ("last window - first", "last", "first")):
-        line = next(x for x in text.splitlines() if x.startswith(f"{label}: "))
-        assert line.endswith(gap(w[a], w[b])), line
+    for a, b in (("peak", "first"), ("last", "peak"), ("last", "first")):
+        line = next(x for x in text.splitlines() if x.startswith(f"{labels[a]} - {labels[b]}: "))
+        assert words(w[a], w[b], labels[a], labels[b]) in line, line
     names = {"overopt": "GRPO, reward model", "grpo": "GRPO, verifier", "sft": "SFT"}
     for a, b in (("overopt", "sft"), ("grpo", "overopt")):
         line = next(x for x in text.splitlines() if x.startswith(f"{names[a]} - {names[b]}: "))
@@ -198,6 +198,24 @@ def test_the_over_optimised_policy_learned_what_the_proxy_pays_for(records):
     assert records["07/overopt_after_shows_working"] >= 0.9 > records["07/overopt_sft_shows_working"] + 0.3
     assert records["07/overopt_after_opens_with_filler"] <= 0.1 < records["07/overopt_sft_opens_with_filler"] - 0.2
     assert records["07/overopt_after_proxy"] > records["07/overopt_sft_proxy"] + 1.0
+
+
+def test_the_proxy_and_the_gold_rank_the_two_grpo_policies(records, lesson_runs):
+    # The reward model's mean score of 64 sampled held-out answers (SE over the 16 prompts), GRPO on the reward model
+    # minus GRPO on the verifier, seeds 0, 1, 2: +0.80 ± 0.21 / +2.03 ± 0.17 / +1.55 ± 0.23, the proxy prefers the
+    # policy that optimised it on every seed; the gold (held-out greedy accuracy) the other way round, -0.125 ± 0.040 /
+    # -0.175 ± 0.035 / -0.045 ± 0.034 (within noise on seed 2): that direction is asserted above as "never better".
+    # GRPO on the verifier learned to show its working too (shows working 0.86 / 0.72 / 0.67, the SFT model's 0.33 /
+    # 0.28 / 0.34): correct answers mostly show it.
+    names = ("GRPO, reward model", "GRPO, verifier")
+    after = (records["07/overopt_after_proxy"], records["07/overopt_after_proxy_se"])
+    verifier = (records["07/overopt_verifier_proxy"], records["07/overopt_verifier_proxy_se"])
+    assert words(after, verifier, *names) == "GRPO, reward model higher", (after, verifier)
+    text = lesson_runs.output_of("07", "overopt-what").splitlines()
+    proxy, gold = [i for i, x in enumerate(text) if x.strip().startswith("GRPO, reward model - GRPO, verifier: ")]
+    assert words(after, verifier, *names) in text[proxy] and text[proxy - 1].startswith("proxy"), text[proxy]
+    assert verdict(records, "overopt", "grpo", dict(zip(("overopt", "grpo"), names))) in text[gold], text[gold]
+    assert records["07/overopt_verifier_shows_working"] > records["07/overopt_sft_shows_working"]
 
 
 def test_reward_model_in_grpo_trainer_scores_as_ours(records):
