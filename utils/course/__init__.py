@@ -1,6 +1,7 @@
 """Course tooling: what runs, checks, grades and hands out the lessons. No lesson imports it.
 
 * ``run`` / ``summary``    -- execute lessons with papermill (``python -m utils run``) and summarise their records
+* ``kernel``               -- papermill's execution, started again when a kernel dies before it starts (port race)
 * ``lessons``              -- finding lessons, reading what a run was, cleaning executed notebooks for commit
 * ``cells`` / ``labs``     -- the exercise contract and the student editions in ``labs/`` (``python -m utils labs``)
 * ``solutions``            -- the reference solutions in ``utils/solutions/``, written from the lessons

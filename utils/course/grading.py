@@ -138,6 +138,8 @@ def _worker(argv) -> int:
     import papermill
     from papermill.engines import NotebookExecutionManager
 
+    from .kernel import execute_notebook
+
     def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
         return int(cell_timeout) if _limited(cell.metadata) else None
 
@@ -151,9 +153,9 @@ def _worker(argv) -> int:
 
     status = {"status": "ok", "detail": ""}
     try:
-        papermill.execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
-                                   progress_bar=False, log_output=False, timeout_func=timeout_of,
-                                   interrupt_on_timeout=True, start_timeout=120)
+        execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
+                         progress_bar=False, log_output=False, timeout_func=timeout_of,
+                         interrupt_on_timeout=True, start_timeout=120)
     except papermill.PapermillExecutionError:
         pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
     except Exception as e:  # a dead kernel, a kernel that would not start, ...

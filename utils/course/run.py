@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 from ..constants import ERROR_CELL_TAG, INJECTED_TAG, LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
+from .kernel import execute_notebook
+from .kernel import log as kernel_log
 from .lessons import find_lessons, meta_of, write_back
 from .summary import describe_error, summarize, write_bench
 
@@ -98,7 +100,7 @@ def log_to(path: Path):
     handler.setFormatter(logging.Formatter("%(asctime)s | %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(_strip_newlines)
     saved = []
-    for logger in (log, logging.getLogger("papermill"), logging.getLogger("asyncio")):
+    for logger in (log, kernel_log, logging.getLogger("papermill"), logging.getLogger("asyncio")):
         saved.append((logger, logger.level, logger.propagate))
         logger.addHandler(handler)
         if logger is not logging.getLogger("asyncio"):
@@ -231,7 +233,7 @@ def execute_lesson(notebook: Path, out_dir: Path, preset: str, seed: int = 0, re
     measure = peak_rss_of_children(result) if bench else contextlib.nullcontext()
     try:
         with kernel_env(), stderr_to(out_dir / "run.log"), measure:
-            papermill.execute_notebook(
+            execute_notebook(
                 str(notebook), str(output), parameters=parameters, kernel_name="python3",
                 cwd=str(notebook.parent), progress_bar=False, log_output=True,
                 execution_timeout=timeout,
