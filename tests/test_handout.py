@@ -1,4 +1,5 @@
 """utils.course.handout: a student repository without the withheld answers, in which every lab still works."""
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -7,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from utils.constants import REPO_ROOT
+from utils.constants import REPO_ROOT, UTILS_DIR
 from utils.course import handout, labs
 from utils.course.labs import lesson_paths
 
@@ -47,6 +48,8 @@ def test_what_a_handout_holds(week4):
     assert {"README.md", "requirements.txt", "environment.yml", "utils/records.py", "utils/course/run.py",
             "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson05.py"} <= files
     assert "utils/solutions/lesson04.py" not in files
+    assert "utils/course/kernel.py" in files, "the runner's own imports come along"
+    assert "utils/ppo.py" not in files, "no lab of week 4 imports it (its policy_loss is lesson 04's clipped surrogate)"
     for instructor_only in ("notebooks/", "tests/", "utils/course/grade", "utils/course/labs", "utils/course/handout",
                             "utils/course/solutions", "utils/course/twins", "docs/"):
         assert not [f for f in files if f.startswith(instructor_only)], instructor_only
@@ -73,12 +76,35 @@ def test_the_leak_finder_finds_an_answer_under_other_names(tmp_path):
 
 
 def test_no_lesson_helper_holds_any_answer(tmp_path):
-    """Withholding every lesson at once: what would be left of utils/ holds no answer of any lesson."""
+    """No module of utils/ (the answers' own solutions/ aside) holds the body of any lesson's answer, under any names;
+    and a handout withholding every lesson at once holds no answer module."""
+    shutil.copytree(UTILS_DIR, tmp_path / "utils", ignore=shutil.ignore_patterns("solutions", "assets", "__pycache__"))
+    assert handout.leaks(tmp_path / "utils", lesson_paths()) == []
     out = tmp_path / "all"
     every = [p.name[:2] for p in lesson_paths()]
     report = handout.build(out, withhold=every, labs=["01", "02", "03", "04", "06"])
     assert len(report["withheld"]) == len(every) >= 7 and not list((out / "utils" / "solutions").glob("lesson*.py"))
     assert handout.leaks(out, lesson_paths()) == []
+
+
+def test_utils_holds_what_its_labs_import(tmp_path):
+    """A lesson module comes with the first lab that imports it; every module copied imports only what was copied."""
+    week1 = tmp_path / "week1"
+    handout.build(week1, withhold=["01"], labs=["01"])
+    copied = {p.relative_to(week1 / "utils").as_posix() for p in (week1 / "utils").rglob("*.py")}
+    assert {"sft.py", "evaluation.py", "presets/tiers.py", "course/run.py"} <= copied
+    assert not copied & {"dpo.py", "rl.py", "ppo.py"}, copied
+    assert "quant.py" in copied, "lesson 06's answers (not withheld) import it"
+    handout.build(tmp_path / "week7", withhold=["07"], labs=["07"])
+    assert (tmp_path / "week7" / "utils" / "ppo.py").is_file()
+    importable = ("import pkgutil, importlib, utils\n"
+                  "for m in pkgutil.walk_packages(utils.__path__, 'utils.'):\n    importlib.import_module(m.name)")
+    for folder in (week1, tmp_path / "week7"):
+        run = subprocess.run([sys.executable, "-c", importable], cwd=folder, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        run = subprocess.run([sys.executable, "-m", "utils", "run", "--help"], cwd=folder, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0 and "--preset" in run.stdout, run.stderr[-2000:]
 
 
 def test_instructor_commands_say_they_are_not_in_a_handout(week4):

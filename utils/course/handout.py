@@ -5,8 +5,11 @@ Usage (from the repository root)::
     python -m utils handout --out ../week4 --withhold 04                 # every lab; lesson 04's answers out
     python -m utils handout --out ../week4 --withhold 04 --labs 01 02 03 04
 
-The handout holds the labs (student editions), ``utils/`` with what the labs import and the runner
-(``python -m utils run``), the embedded model, the pinned requirements and a README for students.
+The handout holds the labs (student editions), the modules of ``utils/`` that the labs, the runner
+(``python -m utils run``) and the answers it holds import, followed through every import
+(:func:`student_utils`), the embedded model, the pinned requirements and a README for students. A lesson
+module no lab of the handout imports stays out: ``utils/ppo.py`` (lesson 07) computes lesson 04's clipped
+surrogate in other words, which the verbatim search below cannot see.
 It leaves out the lessons (``notebooks/``: they hold every answer), the tests, the grader and the
 other instructor tools, and ``utils/solutions/lessonNN.py`` of every withheld lesson.
 
@@ -33,8 +36,11 @@ from .labs import lab_text, lesson_paths
 from .lessons import lesson_number
 from .solutions import answer_source, module_name
 
-# What of utils/ a student needs: the lesson modules, the runner and the assets; no instructor tools.
-COURSE_MODULES_FOR_STUDENTS = ("__init__.py", "run.py", "lessons.py", "summary.py")
+# What of utils/ a student needs: what these and the labs import, the packages they import whole, the folders of
+# data (the embedded model); no instructor tools. A lesson module no lab of the handout imports stays out: a later
+# lesson's helper may compute an earlier answer in other words (utils/ppo.py's policy_loss is lesson 04's clipped
+# surrogate, per token), which leaks() cannot see.
+STUDENT_ENTRY_POINTS = ("__init__.py", "__main__.py", "course/__init__.py", "course/run.py")   # python -m utils run
 TOP_FILES = ("requirements.txt", "environment.yml", ".gitignore")
 
 
@@ -224,25 +230,79 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
     return included, withheld
 
 
-def _copy_utils(dest: Path, withheld: list[Path]) -> None:
-    skip_solutions = {f"{module_name(p.stem)}.py" for p in withheld}
+def _module_files(parts: list[str]) -> list[Path]:
+    """The files of ``utils/`` behind a dotted name (``["utils", "ppo", "policy_loss"]``): the longest prefix that
+    is a module or a package; a package outside ``course/`` and ``solutions/`` comes whole (``presets`` imports its
+    own modules by name). Empty for a name outside ``utils``."""
+    while len(parts) > 1 and parts[0] == "utils":
+        path = UTILS_DIR.joinpath(*parts[1:])
+        if path.with_suffix(".py").is_file():
+            return [path.with_suffix(".py")]
+        if (path / "__init__.py").is_file():
+            whole = len(parts) == 2 and parts[1] not in ("course", "solutions")
+            return sorted(path.glob("*.py")) if whole else [path / "__init__.py"]
+        parts = parts[:-1]
+    return [UTILS_DIR / "__init__.py"] if parts == ["utils"] else []
+
+
+def utils_imports(source: str, package: list[str]) -> set[Path]:
+    """Files of ``utils/`` that ``source`` imports (absolute, or relative to the dotted ``package`` it is in), at any
+    depth of the code (imports inside functions count)."""
+    tree, found = _parse(source), set()
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.update(_module_files(alias.name.split(".")))
+        elif isinstance(node, ast.ImportFrom):
+            base = (package[:len(package) - node.level + 1] if node.level else []) + \
+                (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                found.update(_module_files(base + [alias.name]) or _module_files(base))
+    return found
+
+
+def shipped_solutions(withheld: list[Path]) -> list[Path]:
+    """The answer modules a handout holds: every lesson's but the withheld ones'."""
+    skip = {f"{module_name(p.stem)}.py" for p in withheld}
+    return [p for p in sorted(SOLUTIONS_DIR.glob("*.py")) if p.name not in skip]
+
+
+def student_utils(included: list[Path], withheld: list[Path]) -> list[Path]:
+    """The Python files of ``utils/`` (``solutions/`` aside) a handout of the labs of ``included`` needs: the
+    entry points, what the labs and the answers it holds import, and everything those import in turn."""
+    todo = [UTILS_DIR / p for p in STUDENT_ENTRY_POINTS]
+    for path in shipped_solutions(withheld):
+        todo += utils_imports(path.read_text(encoding="utf-8"), ["utils", "solutions"])
+    for lesson in included:
+        for cell in nbformat.reads(lab_text(lesson), as_version=4).cells:
+            if cell.cell_type == "code":
+                todo += utils_imports(cell.source, [])
+    needed = set()
+    while todo:
+        path = todo.pop()
+        if path in needed or "solutions" in path.relative_to(UTILS_DIR).parts:
+            continue
+        needed.add(path)
+        package = ["utils", *path.relative_to(UTILS_DIR).parent.parts]
+        todo += utils_imports(path.read_text(encoding="utf-8"), package)
+    return sorted(needed)
+
+
+def _copy_utils(dest: Path, withheld: list[Path], included: list[Path]) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     (dest / "utils").mkdir(parents=True)
-    for entry in sorted(UTILS_DIR.iterdir()):
-        if entry.name in ("__pycache__", "course", "solutions"):
-            continue
-        target = dest / "utils" / entry.name
-        if entry.is_dir():
-            shutil.copytree(entry, target, ignore=ignore)
-        else:
-            shutil.copy2(entry, target)
-    (dest / "utils" / "course").mkdir()
-    for name in COURSE_MODULES_FOR_STUDENTS:
-        shutil.copy2(UTILS_DIR / "course" / name, dest / "utils" / "course" / name)
+    for path in student_utils(included, withheld):
+        target = dest / "utils" / path.relative_to(UTILS_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    for entry in sorted(UTILS_DIR.iterdir()):   # folders of data: the embedded model, the measured presets
+        if entry.is_dir() and entry.name != "__pycache__" and not (entry / "__init__.py").exists():
+            shutil.copytree(entry, dest / "utils" / entry.name, ignore=ignore)
+        elif entry.is_file() and entry.suffix != ".py":
+            shutil.copy2(entry, dest / "utils" / entry.name)
     (dest / "utils" / "solutions").mkdir()
-    for path in sorted(SOLUTIONS_DIR.glob("*.py")):
-        if path.name not in skip_solutions:
-            shutil.copy2(path, dest / "utils" / "solutions" / path.name)
+    for path in shipped_solutions(withheld):
+        shutil.copy2(path, dest / "utils" / "solutions" / path.name)
 
 
 def _readme(included: list[Path], withheld: list[Path]) -> str:
@@ -295,7 +355,7 @@ def build(out, withhold=(), labs=None, force: bool = False) -> dict:
         (stage / "labs").mkdir(parents=True)
         for lesson in included:
             (stage / "labs" / lesson.name).write_text(lab_text(lesson), encoding="utf-8")
-        _copy_utils(stage, withheld)
+        _copy_utils(stage, withheld, included)
         for name in TOP_FILES:
             if (REPO_ROOT / name).exists():
                 shutil.copy2(REPO_ROOT / name, stage / name)
