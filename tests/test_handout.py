@@ -113,6 +113,17 @@ def test_instructor_commands_say_they_are_not_in_a_handout(week4):
     assert run.returncode == 2 and "not part of this handout" in run.stderr
 
 
+def test_a_module_missing_under_a_command_is_named_as_such(week4, tmp_path):
+    """A student command whose own import fails says so (the error a broken handout gives), not "instructor's"."""
+    broken = tmp_path / "broken"
+    shutil.copytree(week4, broken)
+    (broken / "utils" / "course" / "figures.py").unlink()
+    run = subprocess.run([sys.executable, "-m", "utils", "run", "--help"], cwd=broken, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and "No module named 'utils.course.figures'" in run.stderr, run.stderr[-500:]
+    assert "not part of this handout" not in run.stderr
+
+
 @pytest.mark.slow
 def test_every_lab_validates_inside_the_handout(week4):
     """With the lesson's answers filled in, each lab of the handout passes every check using the handout's own

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     try:
         module = importlib.import_module(f"utils.course.{COMMANDS[argv[0]]}")
     except ModuleNotFoundError as e:
-        if not e.name or not e.name.startswith("utils.course"):
+        if e.name != f"utils.course.{COMMANDS[argv[0]]}":   # the command is here, something it imports is not
             raise
         print(f"error: `{argv[0]}` is an instructor's command and is not part of this handout", file=sys.stderr)
         return 2
