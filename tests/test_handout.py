@@ -46,8 +46,10 @@ def test_what_a_handout_holds(week4):
     files = {p.relative_to(week4).as_posix() for p in week4.rglob("*") if p.is_file()}
     assert {f"labs/{p.name}" for p in lesson_paths(LABS)} == {f for f in files if f.startswith("labs/")}
     assert {"README.md", "requirements.txt", "environment.yml", "utils/records.py", "utils/course/run.py",
-            "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson05.py"} <= files
+            "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson03.py"} <= files
     assert "utils/solutions/lesson04.py" not in files
+    assert not files & {"utils/solutions/lesson05.py", "utils/solutions/lesson07.py"}, \
+        "no later lab's answers (lesson 07's gradient_coefficients computes lesson 04's group advantages)"
     assert "utils/course/kernel.py" in files, "the runner's own imports come along"
     assert "utils/ppo.py" not in files, "no lab of week 4 imports it (its policy_loss is lesson 04's clipped surrogate)"
     for instructor_only in ("notebooks/", "tests/", "utils/course/grade", "utils/course/labs", "utils/course/handout",
@@ -93,10 +95,15 @@ def test_utils_holds_what_its_labs_import(tmp_path):
     handout.build(week1, withhold=["01"], labs=["01"])
     copied = {p.relative_to(week1 / "utils").as_posix() for p in (week1 / "utils").rglob("*.py")}
     assert {"sft.py", "evaluation.py", "presets/tiers.py", "course/run.py"} <= copied
-    assert not copied & {"dpo.py", "rl.py", "ppo.py"}, copied
-    assert "quant.py" in copied, "lesson 06's answers (not withheld) import it"
+    assert not copied & {"dpo.py", "rl.py", "ppo.py", "quant.py"}, copied
+    assert {p.name for p in (week1 / "utils" / "solutions").glob("*.py")} == {"__init__.py"}, "no later lab's answers"
     handout.build(tmp_path / "week7", withhold=["07"], labs=["07"])
     assert (tmp_path / "week7" / "utils" / "ppo.py").is_file()
+    answers = {p.name for p in (tmp_path / "week7" / "utils" / "solutions").glob("*.py")}
+    assert answers == {"__init__.py", "lesson03.py", "lesson04.py"}, "what lab 07 imports, no more"
+    dotted = handout.utils_imports("from utils.presets import tiers\nimport utils.course.kernel", [])
+    assert {"presets/__init__.py", "presets/lesson07.py", "course/__init__.py", "course/kernel.py"} <= \
+        {p.relative_to(UTILS_DIR).as_posix() for p in dotted}, "a package's __init__ and presets whole"
     importable = ("import pkgutil, importlib, utils\n"
                   "for m in pkgutil.walk_packages(utils.__path__, 'utils.'):\n    importlib.import_module(m.name)")
     for folder in (week1, tmp_path / "week7"):

@@ -45,8 +45,12 @@ def test_the_last_start_failure_is_raised(monkeypatch):
     assert len(calls) == 2
 
 
+def test_a_kernel_that_never_answers_is_started_again(monkeypatch):
+    calls = _fake(monkeypatch, [RuntimeError("Kernel didn't respond in 60 seconds"), "executed"])
+    assert kernel.execute_notebook("in.ipynb", "out.ipynb") == "executed" and len(calls) == 2
+
+
 @pytest.mark.parametrize("error", [
-    RuntimeError("Kernel didn't respond in 60 seconds"),   # a slow start: waiting again would double the wait
     RuntimeError("Kernel died"),                             # nbclient's DeadKernelError message: a cell was running
     PapermillExecutionError(0, 1, "boom", "ValueError", "x", []),  # a cell raised: the notebook's own result
     KeyboardInterrupt(),

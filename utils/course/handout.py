@@ -8,10 +8,11 @@ Usage (from the repository root)::
 The handout holds the labs (student editions), the modules of ``utils/`` that the labs, the runner
 (``python -m utils run``) and the answers it holds import, followed through every import
 (:func:`student_utils`), the embedded model, the pinned requirements and a README for students. A lesson
-module no lab of the handout imports stays out: ``utils/ppo.py`` (lesson 07) computes lesson 04's clipped
-surrogate in other words, which the verbatim search below cannot see.
-It leaves out the lessons (``notebooks/``: they hold every answer), the tests, the grader and the
-other instructor tools, and ``utils/solutions/lessonNN.py`` of every withheld lesson.
+module stays out unless something the handout holds imports it (``utils/ppo.py``, lesson 07's, computes
+lesson 04's clipped surrogate in other words, which the verbatim search below cannot see). Of the answers
+(``utils/solutions/``) it holds those its labs import and those of its own labs that are not withheld
+(:func:`shipped_solutions`): a later lab's answers stay out. It leaves out the lessons (``notebooks/``: they
+hold every answer), the tests, the grader and the other instructor tools.
 
 It refuses, naming the dependency, when a lab it would hold (or a module of ``utils`` it copies)
 imports an answer it withholds: lesson 05 uses lesson 04's ``group_advantages``, so withholding 04
@@ -37,7 +38,7 @@ from .lessons import lesson_number
 from .solutions import answer_source, module_name
 
 # What of utils/ a student needs: what these and the labs import, the packages they import whole, the folders of
-# data (the embedded model); no instructor tools. A lesson module no lab of the handout imports stays out: a later
+# data (the embedded model); no instructor tools. A lesson module nothing in the handout imports stays out: a later
 # lesson's helper may compute an earlier answer in other words (utils/ppo.py's policy_loss is lesson 04's clipped
 # surrogate, per token), which leaks() cannot see.
 STUDENT_ENTRY_POINTS = ("__init__.py", "__main__.py", "course/__init__.py", "course/run.py")   # python -m utils run
@@ -232,15 +233,17 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
 
 def _module_files(parts: list[str]) -> list[Path]:
     """The files of ``utils/`` behind a dotted name (``["utils", "ppo", "policy_loss"]``): the longest prefix that
-    is a module or a package; a package outside ``course/`` and ``solutions/`` comes whole (``presets`` imports its
-    own modules by name). Empty for a name outside ``utils``."""
+    is a module or a package, with the ``__init__.py`` of the packages it is in; a package of ``utils/`` other than
+    ``course/`` and ``solutions/`` comes whole (``presets`` imports its own modules by name). Empty for a name
+    outside ``utils``."""
     while len(parts) > 1 and parts[0] == "utils":
         path = UTILS_DIR.joinpath(*parts[1:])
-        if path.with_suffix(".py").is_file():
-            return [path.with_suffix(".py")]
-        if (path / "__init__.py").is_file():
-            whole = len(parts) == 2 and parts[1] not in ("course", "solutions")
-            return sorted(path.glob("*.py")) if whole else [path / "__init__.py"]
+        found = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        if found.is_file():
+            top = UTILS_DIR / parts[1]
+            if top.is_dir() and parts[1] not in ("course", "solutions"):
+                return sorted(top.glob("*.py"))
+            return [found] + [p / "__init__.py" for p in found.parents if UTILS_DIR in p.parents]
         parts = parts[:-1]
     return [UTILS_DIR / "__init__.py"] if parts == ["utils"] else []
 
@@ -261,17 +264,23 @@ def utils_imports(source: str, package: list[str]) -> set[Path]:
     return found
 
 
-def shipped_solutions(withheld: list[Path]) -> list[Path]:
-    """The answer modules a handout holds: every lesson's but the withheld ones'."""
-    skip = {f"{module_name(p.stem)}.py" for p in withheld}
-    return [p for p in sorted(SOLUTIONS_DIR.glob("*.py")) if p.name not in skip]
+def shipped_solutions(included: list[Path], withheld: list[Path]) -> list[Path]:
+    """The answer modules a handout holds: those its labs import, and those of its own labs that are not withheld;
+    never a later lab's answers it does not hand out (they would spoil that lab, and can hold an earlier answer in
+    other words: lesson 07's ``gradient_coefficients`` computes lesson 04's group advantages)."""
+    wanted = {module_name(p.stem) for p in included}
+    for lesson in included:
+        wanted.update(module for module, _, _ in needed_answers(nbformat.reads(lab_text(lesson), as_version=4)))
+    wanted -= {module_name(p.stem) for p in withheld}
+    return [SOLUTIONS_DIR / "__init__.py"] + [SOLUTIONS_DIR / f"{m}.py" for m in sorted(wanted)
+                                               if (SOLUTIONS_DIR / f"{m}.py").is_file()]
 
 
 def student_utils(included: list[Path], withheld: list[Path]) -> list[Path]:
     """The Python files of ``utils/`` (``solutions/`` aside) a handout of the labs of ``included`` needs: the
     entry points, what the labs and the answers it holds import, and everything those import in turn."""
     todo = [UTILS_DIR / p for p in STUDENT_ENTRY_POINTS]
-    for path in shipped_solutions(withheld):
+    for path in shipped_solutions(included, withheld):
         todo += utils_imports(path.read_text(encoding="utf-8"), ["utils", "solutions"])
     for lesson in included:
         for cell in nbformat.reads(lab_text(lesson), as_version=4).cells:
@@ -301,7 +310,7 @@ def _copy_utils(dest: Path, withheld: list[Path], included: list[Path]) -> None:
         elif entry.is_file() and entry.suffix != ".py":
             shutil.copy2(entry, dest / "utils" / entry.name)
     (dest / "utils" / "solutions").mkdir()
-    for path in shipped_solutions(withheld):
+    for path in shipped_solutions(included, withheld):
         shutil.copy2(path, dest / "utils" / "solutions" / path.name)
 
 

@@ -6,8 +6,11 @@ ports in between; the kernel then exits with ``Address already in use`` and the 
 ``Kernel died before replying to kernel_info`` (jupyter/jupyter_client#154). One start rarely meets it;
 a test run that starts a few hundred kernels, two at a time, does now and then (a CI run of this project
 lost ``labs validate --invert`` to it). At that point no cell has run, so starting again changes nothing
-a notebook records. Used by ``utils run`` (lessons, and so the tests' lesson executions, which nbval
-reads), the grader's worker (grading runs) and ``tests/test_records.py``'s own kernel.
+a notebook records. A kernel that is alive but never answers within the start timeout (``Kernel didn't
+respond in N seconds``) is started again too: no cell has run then either.
+
+Used by ``utils run`` (lessons, and so the tests' lesson executions, which nbval reads), the grader's
+worker (grading runs) and ``tests/test_records.py``'s own kernel.
 """
 from __future__ import annotations
 
@@ -18,8 +21,11 @@ log = logging.getLogger(__name__)
 
 
 def died_before_starting(exc: BaseException) -> bool:
-    """Whether ``exc`` is a kernel that exited before its first reply (so before any cell ran)."""
-    return isinstance(exc, RuntimeError) and "before replying to kernel_info" in str(exc)
+    """Whether ``exc`` is a kernel that exited, or never answered, before its first reply (so before any cell
+    ran): jupyter_client's ``wait_for_ready`` raises these two, and nothing after the start does."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("before replying to kernel_info" in text
+                                              or text.startswith("Kernel didn't respond"))
 
 
 def started_again(start, *args, attempts: int = KERNEL_START_ATTEMPTS, **kwargs):
