@@ -276,11 +276,12 @@ def shipped_solutions(included: list[Path], withheld: list[Path]) -> list[Path]:
                                                if (SOLUTIONS_DIR / f"{m}.py").is_file()]
 
 
-def student_utils(included: list[Path], withheld: list[Path]) -> list[Path]:
-    """The Python files of ``utils/`` (``solutions/`` aside) a handout of the labs of ``included`` needs: the
-    entry points, what the labs and the answers it holds import, and everything those import in turn."""
+def student_utils(included: list[Path], answers: list[Path]) -> list[Path]:
+    """The Python files of ``utils/`` (``solutions/`` aside) a handout of the labs of ``included`` and the answer
+    modules ``answers`` (:func:`shipped_solutions`) needs: the entry points, what the labs and the answers
+    import, and everything those import in turn."""
     todo = [UTILS_DIR / p for p in STUDENT_ENTRY_POINTS]
-    for path in shipped_solutions(included, withheld):
+    for path in answers:
         todo += utils_imports(path.read_text(encoding="utf-8"), ["utils", "solutions"])
     for lesson in included:
         for cell in nbformat.reads(lab_text(lesson), as_version=4).cells:
@@ -299,8 +300,9 @@ def student_utils(included: list[Path], withheld: list[Path]) -> list[Path]:
 
 def _copy_utils(dest: Path, withheld: list[Path], included: list[Path]) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    answers = shipped_solutions(included, withheld)
     (dest / "utils").mkdir(parents=True)
-    for path in student_utils(included, withheld):
+    for path in student_utils(included, answers):
         target = dest / "utils" / path.relative_to(UTILS_DIR)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
@@ -310,7 +312,7 @@ def _copy_utils(dest: Path, withheld: list[Path], included: list[Path]) -> None:
         elif entry.is_file() and entry.suffix != ".py":
             shutil.copy2(entry, dest / "utils" / entry.name)
     (dest / "utils" / "solutions").mkdir()
-    for path in shipped_solutions(included, withheld):
+    for path in answers:
         shutil.copy2(path, dest / "utils" / "solutions" / path.name)
 
 
