@@ -143,3 +143,31 @@ def test_decode_reads_each_prompt_once_for_n_rows(model_and_tokenizer):
     with pytest.raises(ValueError, match="do_sample"):
         evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=4, stop_ids=stops,
                           pad_token_id=tok.pad_token_id, num_return_sequences=2)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_decode_returns_the_log_probs_a_forward_pass_computes(model_and_tokenizer, top_p):
+    """return_logprobs: the same tokens as without it, and each token's log-prob under softmax(logits / T), what a
+    forward pass over prompt + answer computes (lesson 07 trains on them as the sampling policy's), 0 after the end;
+    top_p filters what is sampled, not the log-probs."""
+    model, tok = model_and_tokenizer
+    enc = _chat_batch(tok, 3, seed=5)
+    stops = evaluation.stop_token_ids(tok) + tok("####", add_special_tokens=False)["input_ids"]
+    kw = dict(max_new_tokens=48, stop_ids=stops, pad_token_id=tok.pad_token_id, do_sample=True, temperature=0.7,
+              top_p=top_p, num_return_sequences=2)
+    torch.manual_seed(1)
+    plain = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], **kw)
+    torch.manual_seed(1)
+    tokens, logps = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], return_logprobs=True, **kw)
+    assert torch.equal(tokens, plain) and logps.shape == tokens.shape and logps.dtype == torch.float32
+    ended = torch.isin(tokens, torch.tensor(stops))
+    mask = (ended.cumsum(1) - ended.long()) == 0                       # up to and including the stop token
+    assert not mask.all() and mask.any(1).all()
+    ids = torch.cat([enc["input_ids"].repeat_interleave(2, 0), tokens], 1)
+    attention = torch.cat([enc["attention_mask"].repeat_interleave(2, 0), mask.long()], 1)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=attention,
+                       position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits[:, -tokens.shape[1] - 1:-1]
+    expected = (logits / 0.7).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(logps[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    assert (logps[~mask] == 0).all() and (logps[mask] <= 0).all()

@@ -93,3 +93,52 @@ def test_entropy_and_state_bytes():
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     assert ppo.state_bytes(model, opt) == {"weights": 32, "grads": 32, "optimizer": 64, "total": 128}
+
+
+def test_remove_padding_known_values():
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 9, 0], [0, 4, 8, 0, 0]])     # left, right, both sides padded
+    att = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0], [0, 1, 1, 0, 0]])
+    p = ppo.remove_padding(ids, att, max_length=6)
+    # first fit, longest first: [1 2 3 9] opens row 0, [5 6 7] opens row 1, [4 8] fits beside [1 2 3 9]
+    assert p["input_ids"].tolist() == [[1, 2, 3, 9, 4, 8], [5, 6, 7, 0, 0, 0]]
+    assert p["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 1, 2]]
+    assert p["index"].tolist() == [[-1, -1, 6, 7, 8], [0, 1, 2, 3, -1], [-1, 4, 5, -1, -1]]
+    out = torch.arange(12.0).view(2, 6, 1) + 1                                # (R, S, 1): 1 .. 12
+    assert ppo.restore_padding(out, p["index"])[..., 0].tolist() == [[0, 0, 7, 8, 9], [1, 2, 3, 4, 0], [0, 5, 6, 0, 0]]
+    assert ppo.restore_padding(out[..., 0], p["index"][:, 2:4]).tolist() == [[7, 8], [3, 4], [6, 0]]
+    assert ppo.remove_padding(ids, att)["input_ids"].shape == (3, 4)       # default capacity: the longest sequence
+    with pytest.raises(ValueError, match="does not fit"):
+        ppo.remove_padding(ids, att, max_length=3)
+    with pytest.raises(ValueError, match="padding only"):
+        ppo.remove_padding(ids, att * torch.tensor([[1], [1], [0]]))
+
+
+def test_remove_padding_gives_the_padded_batchs_outputs_and_gradients():
+    """The tiny model on a left-padded prompt + right-padded response batch, as lesson 07's rollouts: the same
+    logits at every real position and the same gradient, with fewer positions computed."""
+    from utils.course import tiny
+
+    model = tiny.load()[0]
+    g = torch.Generator().manual_seed(0)
+    att = torch.zeros(6, 11, dtype=torch.long)                  # prompts in columns 0-5, responses in 6-10
+    for b, (p, r) in enumerate(zip((2, 1, 3, 6, 5, 2), (3, 2, 1, 5, 4, 5))):
+        att[b, 6 - p:6], att[b, 6:6 + r] = 1, 1
+    ids = torch.randint(3, 500, (6, 11), generator=g) * att
+    weight = torch.randn(6, 11, 1, generator=g)
+
+    def run(packed):
+        model.zero_grad()
+        if packed:
+            p = ppo.remove_padding(ids, att)
+            logits = ppo.restore_padding(model(input_ids=p["input_ids"], position_ids=p["position_ids"],
+                                               use_cache=False).logits, p["index"])
+        else:
+            logits = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(1) - 1).clamp(min=0)).logits
+        logits = logits * att[..., None]
+        (logits * weight).sum().backward()
+        return logits.detach(), model.model.layers[1].mlp.up_proj.weight.grad.clone()
+
+    (padded, grad_padded), (packed, grad_packed) = run(False), run(True)
+    assert ppo.remove_padding(ids, att)["input_ids"].numel() < ids.numel()
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    assert ((grad_packed - grad_padded).norm() / grad_padded.norm()).item() < 1e-5     # float rounding (about 3e-7)

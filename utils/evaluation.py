@@ -54,7 +54,7 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
            stop_ids: list[int], pad_token_id: int, do_sample: bool = False, temperature: float = 1.0,
            top_p: float = 1.0, num_return_sequences: int = 1, stop_strings: list[str] | None = None,
-           tokenizer=None) -> torch.Tensor:
+           tokenizer=None, return_logprobs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy or sampled decoding with a KV cache, dropping each row from the batch once it has ended.
 
     ``model.generate`` keeps every row in the batch until the longest one ends (finished rows
@@ -77,10 +77,16 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         stop_ids: token ids that end a row (the stop token is kept in the output).
         pad_token_id: fills the positions after a row's end.
         stop_strings: a row also ends once its text contains one of these (needs ``tokenizer``).
+        return_logprobs: also return each new token's log-probability under ``softmax(logits /
+            temperature)``, read off the logits the step sampled from (lesson 07 uses them as the
+            sampling policy's log-probs, verl's ``rollout_correction.bypass_mode``). ``top_p`` is
+            not applied to them: they are what a forward pass over the finished sequence at the
+            same temperature computes, up to float rounding.
     Returns:
         (B * n, N) int64 new tokens, N <= ``max_new_tokens``, rows of one prompt adjacent (as
         ``input_ids.repeat_interleave(n, dim=0)``); after a row's stop token or stop string
-        everything is ``pad_token_id``.
+        everything is ``pad_token_id``. With ``return_logprobs``: ``(tokens, logprobs)``, the
+        second (B * n, N) float32, 0.0 after a row's end.
     """
     from transformers import DynamicCache
 
@@ -91,6 +97,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     window = max((len(s) for s in stop_strings), default=0) + 4 if stop_strings else 0
     B, device = input_ids.shape[0] * num_return_sequences, input_ids.device
     out = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device) if return_logprobs else None
     stops = torch.tensor(stop_ids, device=device)
     rows = torch.arange(B, device=device)              # the original row of each row still decoding
     cache = DynamicCache(config=model.config)
@@ -104,14 +111,15 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
                                                 for x in (logits, attention_mask, position_ids))
     n = 0
     for t in range(max_new_tokens):
+        scores = logits.float() / temperature if do_sample or return_logprobs else None
         if do_sample:
-            scores = logits.float() / temperature
-            if top_p < 1.0:
-                scores = _top_p_filter(scores, top_p)
-            token = torch.multinomial(scores.softmax(dim=-1), 1)[:, 0]
+            probs = (_top_p_filter(scores, top_p) if top_p < 1.0 else scores).softmax(dim=-1)
+            token = torch.multinomial(probs, 1)[:, 0]
         else:
             token = logits.argmax(dim=-1)
         out[rows, t] = token
+        if return_logprobs:
+            logprobs[rows, t] = scores.log_softmax(dim=-1).gather(1, token[:, None])[:, 0]
         n = t + 1
         live = ~torch.isin(token, stops)
         if stop_strings:
@@ -128,7 +136,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         position_ids = position_ids + 1
         logits = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position_ids,
                        past_key_values=cache, use_cache=True).logits[:, -1]
-    return out[:, :n]
+    return (out[:, :n], logprobs[:, :n]) if return_logprobs else out[:, :n]
 
 
 @torch.inference_mode()

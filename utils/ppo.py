@@ -19,6 +19,9 @@ One PPO iteration (verl's ``RayPPOTrainer.fit``, with ``algorithm.use_kl_in_rewa
    ``entropy_coeff`` times :func:`entropy_from_logits`'s token mean; the critic minimises
    :func:`value_loss` (clipped, towards the returns).
 
+:func:`remove_padding` and :func:`restore_padding` are for speed only (verl's ``use_remove_padding``):
+the loop's forward passes run on the batch's real tokens, packed, and give the padded batch's numbers.
+
 Shapes: B sequences, T response positions (right-padded). ``mask`` is (B, T) float, 1.0 on
 response tokens (up to and including the end-of-sequence token), 0.0 elsewhere.
 """
@@ -202,6 +205,68 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def remove_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_length: int | None = None) -> dict:
+    """A padded batch without its padding, for one forward pass (verl's ``use_remove_padding``).
+
+    Every row's real tokens (``attention_mask`` 1), in order, become one sequence; the sequences are laid
+    one after another into as few rows as fit (:func:`utils.sft.first_fit`), each with ``position_ids``
+    that restart at 0. Called with no ``attention_mask`` and ``use_cache=False``, transformers reads
+    the restarts as sequence boundaries and keeps each sequence's attention to itself
+    (``masking_utils.find_packed_sequence_indices``, as lesson 02's packed SFT): the outputs are the
+    padded batch's, up to float rounding, and the padding is never computed.
+
+    Args:
+        input_ids, attention_mask: (B, L) int64, padded on the left, the right or both.
+        max_length: capacity of a packed row (default: the longest sequence).
+    Returns:
+        dict: ``input_ids`` and ``position_ids``, (R, S) int64 with R <= B, for the model (the end of a
+        row is filled with token 0 and counts on as one more sequence); and ``index``, (B, L) int64:
+        where each position of the padded batch sits in the packed rows flattened (``row * S + column``),
+        -1 on padding. :func:`restore_padding` puts the model's outputs back with it.
+    """
+    from .sft import first_fit
+
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                         "must both be (B, L)")
+    real = attention_mask.bool()
+    lengths = real.sum(1).tolist()
+    if min(lengths) == 0:
+        raise ValueError("a row of padding only has nothing to compute: drop it from the batch")
+    max_length = max_length or max(lengths)
+    if max(lengths) > max_length:
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit max_length={max_length}")
+    rows = first_fit(lengths, max_length)
+    S = max(sum(lengths[i] for i in row) for row in rows)
+    packed = input_ids.new_zeros(len(rows), S)
+    position_ids = torch.arange(S, device=input_ids.device).repeat(len(rows), 1)
+    index = torch.full_like(input_ids, -1)
+    for r, row in enumerate(rows):
+        start = 0
+        for i in row:
+            n = lengths[i]
+            packed[r, start:start + n] = input_ids[i][real[i]]
+            position_ids[r, start:start + n] = torch.arange(n, device=input_ids.device)
+            index[i][real[i]] = r * S + start + torch.arange(n, device=input_ids.device)
+            start += n
+        position_ids[r, start:] = torch.arange(S - start, device=input_ids.device)
+    return {"input_ids": packed, "position_ids": position_ids, "index": index}
+
+
+def restore_padding(outputs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The outputs of a packed forward pass, back in the padded batch's layout.
+
+    Args:
+        outputs: (R, S, ...) the model's output on :func:`remove_padding`'s rows (logits, values).
+        index: (B, L') int64, :func:`remove_padding`'s ``index``, or some of its columns.
+    Returns:
+        (B, L', ...) ``outputs`` at each position of the padded batch, 0 where ``index`` is -1
+        (padding); differentiable with respect to ``outputs``.
+    """
+    flat = outputs.flatten(0, 1)[index.clamp(min=0)]
+    return flat * (index >= 0).view(*index.shape, *[1] * (flat.dim() - index.dim())).to(flat.dtype)
 
 
 def state_bytes(model, optimizer=None) -> dict:

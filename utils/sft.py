@@ -67,11 +67,34 @@ def tokenize_sft_example(tokenizer, messages: list[dict], max_length: int) -> di
     return {"input_ids": input_ids, "labels": labels}
 
 
+def first_fit(lengths: list[int], max_length: int) -> list[list[int]]:
+    """First-fit decreasing bin packing: the longest item goes into the first row with room.
+
+    Args:
+        lengths: the items' lengths, each at most ``max_length``.
+        max_length: capacity of a row.
+    Returns:
+        the rows, each the list of its items' indices in the order they were placed (longest first;
+        ties in input order).
+    """
+    rows: list[list[int]] = []
+    fill: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((j for j, f in enumerate(fill) if f + lengths[i] <= max_length), None)
+        if r is None:                                   # no row has room: open a new one
+            r = len(rows)
+            rows.append([])
+            fill.append(0)
+        rows[r].append(i)
+        fill[r] += lengths[i]
+    return rows
+
+
 def pack(examples: list[dict], pad_token_id: int, max_length: int) -> dict:
     """Pack a batch of tokenized examples into few rows, padding-free, with the loss of a padded batch.
 
-    First-fit decreasing: the longest example goes into the first row with room, up to
-    ``max_length`` tokens per row. Each example keeps its own positions (``position_ids`` restart
+    First-fit decreasing (:func:`first_fit`): the longest example goes into the first row with room,
+    up to ``max_length`` tokens per row. Each example keeps its own positions (``position_ids`` restart
     at 0), and with no ``attention_mask`` transformers reads those restarts as sequence
     boundaries and masks attention across them (``masking_utils.find_packed_sequence_indices``),
     so no token sees another example. The label of each example's first token is set to
@@ -92,18 +115,8 @@ def pack(examples: list[dict], pad_token_id: int, max_length: int) -> dict:
     """
     if any(len(e["input_ids"]) > max_length for e in examples):
         raise ValueError(f"an example is longer than max_length={max_length}; truncate it first")
-    rows: list[list[dict]] = []
-    fill: list[int] = []
-    for e in sorted(examples, key=lambda e: -len(e["input_ids"])):
-        n = len(e["input_ids"])
-        r = next((i for i, f in enumerate(fill) if f + n <= max_length), None)
-        if r is None:                                   # no row has room: open a new one
-            r = len(rows)
-            rows.append([])
-            fill.append(0)
-        rows[r].append(e)
-        fill[r] += n
-    T = max(fill)
+    rows = [[examples[i] for i in row] for row in first_fit([len(e["input_ids"]) for e in examples], max_length)]
+    T = max(sum(len(e["input_ids"]) for e in row) for row in rows)
     ids = torch.full((len(rows), T), pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
     pos = torch.zeros((len(rows), T), dtype=torch.long)
