@@ -5,7 +5,8 @@
 
 Each kind is one way a submission comes back (EXPECTED in tests/fixtures/grades_01.csv):
 
-correct       all three answers right, executed: the lesson's records and figures
+correct       all three answers right, executed: the lesson's records and figures; every written
+              question answered (WRITTEN_ANSWER, with markup that written.md shows as text)
 partial       the mask right; collate pads with 0 whatever the pad id (passes the visible check,
               fails the hidden test); the loss without the shift (fails)
 stub          the lab handed back untouched
@@ -64,6 +65,7 @@ def build_sft_example(tokenizer, messages, max_length)
 CRASH_COLLATE = '''import os
 os._exit(1)
 '''
+WRITTEN_ANSWER = "The loss fell <b>because</b> [the mask](http://example.com) keeps `only` the answer.\n# Not a heading"
 KINDS = ("correct", "partial", "stub", "tampered", "loop", "invalid", "renamed", "syntax", "crash", "missing", "wrong")
 STUDENTS = {"correct": "alice", "partial": "bob", "stub": "carol", "tampered": "dave", "loop": "erin",
             "invalid": "frank", "renamed": "grace", "syntax": "heidi", "crash": "ivan", "missing": "judy",
@@ -83,8 +85,10 @@ def solved_lab(executed: bool):
         ref = by_id.get(cell.get("id"))
         if ref is None:
             continue
-        if cells.is_solution(cell):
+        if cells.is_answer(cell):
             cell.source = ref.source
+        elif cells.is_written(cell):   # markup and a link: written.md must show it as text
+            cell.source = WRITTEN_ANSWER
         if executed and cell.cell_type == "code":
             cell.outputs = copy.deepcopy(ref.outputs)
             cell.execution_count = ref.execution_count

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from tests import grading_fixtures
-from utils.course import grade, grading, labs, submissions
+from utils.course import grade, grading, labs, submissions, written
 
 EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
 
@@ -23,6 +23,11 @@ def graded(tmp_path_factory):
     subs = root / "submissions"
     grading_fixtures.write(subs)
     before = digest(subs)
+    # an instructor's marks from an earlier run: every question for alice, one for bob
+    asked = written.questions(nbformat.read(grading_fixtures.LESSON, as_version=4))
+    (root / "out").mkdir()
+    (root / "out" / "grades.csv").write_text("student,lab," + ",".join(q["grade_id"] for q in asked) + "\n"
+                                             + "alice,x," + ",".join("2" for _ in asked) + "\nbob,x,1\n")
     rows = grade.grade_folder(subs, "01", root / "out", jobs=2, timeout=120, cell_timeout=8, progress=lambda *_: None)
     return {"root": root, "subs": subs, "out": root / "out", "rows": rows, "before": before}
 
@@ -73,7 +78,7 @@ def test_grading_notebook_restores_checks_and_keeps_hidden_tests():
     gnb, integrity = grading.grading_notebook(lesson, sub, labs.lab_for(grading_fixtures.LESSON))
     assert [(i["flag"], i["grade_id"]) for i in integrity] == [("modified", "01-collate"), ("deleted", "01-causal-loss")]
     roles = [c.metadata["grading"]["role"] for c in gnb.cells]
-    assert roles[0] == "setup" and roles[1] == "parameters" and roles.count("check") == 3 and roles.count("answer") == 3
+    assert roles[0] == "setup" and roles[1] == "parameters" and roles.count("check") == 4 and roles.count("answer") == 4
     checks = {c.metadata["grading"]["grade_id"]: c.source for c in gnb.cells if c.metadata["grading"]["role"] == "check"}
     assert "BEGIN HIDDEN TESTS" in checks["01-collate"], "the lesson's check runs, hidden tests included"
     assert all("raises-exception" in c.metadata["tags"] for c in gnb.cells)
@@ -89,6 +94,23 @@ def test_grades_match_the_expected_csv(graded):
 
 
 @pytest.mark.slow
+def test_written_answers_collected_for_the_instructor(graded):
+    asked = written.questions(nbformat.read(grading_fixtures.LESSON, as_version=4))
+    text = (graded["out"] / "written.md").read_text(encoding="utf-8")
+    for q in asked:
+        assert f"## {q['grade_id']} ({q['points']} points)" in text and q["guide"].strip() in text
+    alice = text.split("### alice")[1].split("###")[0]
+    assert "&lt;b&gt;because&lt;/b&gt; &#91;the mask](http://example.com)" in alice and "<b>because" not in text
+    assert "> # Not a heading" in alice, "a student's line never becomes a heading of the file"
+    assert "still says YOUR ANSWER HERE" in text.split("### carol")[1].split("###")[0]
+    assert "cell is missing" in text.split("### kim")[1].split("###")[0]
+    rows = {r["student"]: r for r in csv.DictReader((graded["out"] / "grades.csv").open())}
+    assert rows["alice"]["manual_points"] == str(2 * len(asked)) and rows["bob"]["manual_points"] == "", \
+        "marks kept from the earlier grades.csv; a total only once every question is marked"
+    assert rows["bob"][asked[0]["grade_id"]] == "1" and rows["carol"]["manual_max"] == str(sum(q["points"] for q in asked))
+
+
+@pytest.mark.slow
 def test_submissions_never_modified(graded):
     assert digest(graded["subs"]) == graded["before"]
 
@@ -98,7 +120,8 @@ def test_feedback_per_student(graded):
     fb = graded["out"] / "feedback"
     assert sorted(p.stem for p in fb.glob("*.md")) == sorted(grading_fixtures.STUDENTS.values())
     alice = (fb / "alice.md").read_text()
-    assert "**Score: 8 / 8**" in alice and "self-reported" in alice
+    assert "**Score: 12 / 12** for the graded checks" in alice and "self-reported" in alice
+    assert "## Written questions" in alice and ": answered" in alice
     assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
     assert "  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 1.0 pts" in alice
     assert (fb / "alice" / "figure-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -146,11 +169,14 @@ def test_every_student_gets_a_feedback_file_of_their_own():
 
 def test_grades_csv_never_holds_a_formula(tmp_path):
     # A student's name or self-reported hardware is shown as text by a spreadsheet, whatever it is.
-    rows = [{"student": "=HYPERLINK(\"http://x\",\"a\")", "total": -1, "hardware": "@SUM(A1)" + "x" * 500},
-            {"student": "bob", "total": 3, "hardware": "CPU (2 cores)"}]
-    grade.write_csv(rows, ["student", "total", "hardware"], tmp_path / "grades.csv")
+    long_flags = " ".join(f"missing-answer:01-ex{i}-answer" for i in range(12)) + " wrong-lab"
+    rows = [{"student": "=HYPERLINK(\"http://x\",\"a\")", "total": -1, "hardware": "@SUM(A1)" + "x" * 500,
+             "flags": long_flags},
+            {"student": "bob", "total": 3, "hardware": "CPU (2 cores)", "flags": ""}]
+    grade.write_csv(rows, ["student", "total", "hardware", "flags"], tmp_path / "grades.csv")
     with open(tmp_path / "grades.csv", newline="", encoding="utf-8") as f:
         got = list(csv.DictReader(f))
     assert got[0]["student"] == "'=HYPERLINK(\"http://x\",\"a\")" and got[0]["total"] == "-1"
     assert got[0]["hardware"].startswith("'@SUM") and len(got[0]["hardware"]) == 201
-    assert got[1] == {"student": "bob", "total": "3", "hardware": "CPU (2 cores)"}
+    assert got[1] == {"student": "bob", "total": "3", "hardware": "CPU (2 cores)", "flags": ""}
+    assert got[0]["flags"] == long_flags and len(long_flags) > 200, "the grader's own flags are never cut"

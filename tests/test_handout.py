@@ -2,6 +2,7 @@
 import shutil
 import subprocess
 import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,12 +67,32 @@ def test_no_withheld_answer_appears_anywhere(week4):
 
 def test_the_leak_finder_finds_an_answer_under_other_names(tmp_path):
     """A renamed copy of lesson 04's group_advantages, and k3_kl's two lines inside a larger function."""
-    (tmp_path / "helper.py").write_text(
-        "import torch\n\n\ndef adv(r, g, how='group', e=1e-4):\n    '''Not an answer.'''\n"
-        "    x = r.view(-1, g)\n    c = (x - x.mean(dim=1, keepdim=True)).view(-1)\n    if how == 'group':\n"
-        "        return c / (x.std(dim=1).repeat_interleave(g) + e)\n    if how == 'batch':\n"
-        "        return c / (r.std() + e)\n    return c\n\n\ndef outer(p, q):\n    n = 1\n    d = q - p\n"
-        "    return torch.exp(d) - d - 1\n")
+    (tmp_path / "helper.py").write_text(textwrap.dedent('''\
+        import torch
+
+
+        def adv(r, g, how="group", e=1e-4):
+            """Not an answer."""
+            if how not in ("group", "batch", "none"):
+                raise ValueError(f"scale must be 'group', 'batch' or 'none', got {how!r}")
+            if len(r) % g:
+                raise ValueError(f"{len(r)} rewards do not split into groups of {g}")
+            r = r.float()
+            x = r.view(-1, g)
+            c = (x - x.mean(dim=1, keepdim=True)).view(-1)
+            if how == "group":
+                s = x.std(dim=1) if g > 1 else torch.zeros(len(x))
+                return c / (s.repeat_interleave(g) + e)
+            if how == "batch":
+                return c / ((r.std() if len(r) > 1 else 0.0) + e)
+            return c
+
+
+        def outer(p, q):
+            n = 1
+            d = q - p
+            return torch.exp(d) - d - 1
+        '''))
     found = handout.leaks(tmp_path, lesson_paths(["04"]))
     assert found == ["helper.py: the body of lesson04.group_advantages", "helper.py: the body of lesson04.k3_kl"]
     assert handout.leaks(tmp_path, lesson_paths(["03"])) == []

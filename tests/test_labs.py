@@ -48,6 +48,12 @@ def test_unbalanced_markers_are_errors(src, message):
         cells.stub_solutions(src, "x")
 
 
+def test_tooling_markers_removed_and_nothing_else():
+    src = "# Graded check: f\n# NBVAL_CHECK_OUTPUT\nx = 1  # NBVAL_CHECK_OUTPUT stays inside a line\nprint(x)"
+    assert labs.strip_tooling_markers(src) == "# Graded check: f\nx = 1  # NBVAL_CHECK_OUTPUT stays inside a line\nprint(x)"
+    assert labs.strip_tooling_markers("print(1)\n") == "print(1)\n"
+
+
 def test_hidden_tests_removed():
     src = "assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(5) == 10\n### END HIDDEN TESTS\nprint('ok')"
     assert cells.remove_hidden_tests(src) == "assert f(1) == 2\nprint('ok')"
@@ -87,20 +93,25 @@ def test_lab_of_each_lesson(lesson):
     lab = labs.lab_for(lesson)
     text = json.dumps(lab)
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, "solutions and hidden tests must not reach students"
+    assert "NBVAL" not in text, "CI's regression markers are test tooling: a student edition leaves them out"
     assert lab.metadata[labs.LAB_META_KEY] == {"lesson": lesson.stem[:2], "name": lesson.stem}
     assert "widgets" not in lab.metadata and "papermill" not in lab.metadata
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in lab.cells if c.cell_type == "code")
-    n_answers = n_checks = 0
+    n_answers = n_checks = n_written = 0
     for c in lab.cells:
-        if cells.is_grade(c):
+        if cells.is_check(c):
             n_checks += 1
             assert c.metadata["editable"] is False and c.metadata["deletable"] is False
-        if cells.is_solution(c):
+        if cells.is_answer(c):
             n_answers += 1
             assert "raise NotImplementedError('Exercise " in c.source and c.metadata["deletable"] is False
+        if cells.is_written(c):
+            n_written += 1
+            assert c.source == "YOUR ANSWER HERE" and c.metadata["deletable"] is False, "the guide never reaches students"
         if cells.is_grade(c) or cells.is_solution(c):
             assert c.metadata["nbgrader"]["checksum"] == cells.compute_checksum(c)
-    assert n_checks >= 2 and n_answers >= 2
+    assert n_checks >= 2 and n_answers >= 2 and 2 <= n_written <= 3
+    assert "Marking guide" not in text, "no marking guide in a student edition"
     assert [c.get("id") for c in lab.cells if c.get("id") != labs.INSTRUCTIONS_ID] == [c.get("id") for c in src.cells], \
         "labs keep the lesson's cell ids (the grader finds cells by them)"
 

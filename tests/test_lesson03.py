@@ -11,6 +11,14 @@ def test_from_scratch_loss_matches_trl(records):
     assert records["03/trl_loss_abs_diff"] < 1e-5
 
 
+def test_dpo_with_the_students_own_step(records):
+    # the capstone: dpo_step with the lesson's sequence_logps and dpo_loss, DPOTrainer's pairs, steps and rate.
+    # Seeds 0, 1, 2: loss (first -> last quarter) 0.404 -> 0.000, 0.396 -> 0.112, 0.426 -> 0.020; held-out
+    # preference accuracy 0.954, 0.891, 1.000 (DPOTrainer's: 0.969, 0.873, 0.978)
+    assert records["03/hand_dpo_loss_first"] > records["03/hand_dpo_loss_last"] + 0.05, "the DPO loss falls"
+    assert records["03/hand_dpo_heldout_pref_accuracy"] >= 0.8, "it generalises the preferences as DPOTrainer does"
+
+
 def test_on_policy_pairs_of_both_kinds(records):
     assert records["03/sft_format_compliance"] >= 0.9
     assert records["03/sft_shortcut_rate"] > 0.5, "the SFT model mostly answers without working (it guesses)"

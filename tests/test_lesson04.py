@@ -8,7 +8,11 @@ def records(lesson_runs):
 
 
 def test_from_scratch_loss_matches_grpo_trainer(records):
+    # the lesson's answers on TRL's own batch (off-policy, the clip binding): advantages from TRL's rewards, the loss
+    # of every loss_type and its gradient with respect to every weight
+    assert records["04/advantages_max_abs_diff"] < 1e-5
     assert records["04/trl_loss_max_abs_diff"] < 1e-5
+    assert records["04/trl_grad_max_rel_diff"] < 1e-4
 
 
 def test_naive_reward_is_gamed(records):

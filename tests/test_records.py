@@ -49,6 +49,18 @@ def test_round_trip_from_written_notebook(tmp_path):
     assert read_records(nbformat.read(str(path), as_version=4)) == got  # and a loaded node
 
 
+def test_show_records_output_keeps_order_and_reads_with_single_records(tmp_path):
+    bulk = new_output("display_data", data={RECORD_MIME: {"records": [["02/b", 2], ["02/a", [1.5, None]]]},
+                                            "text/plain": "2 values recorded"})
+    nb = new_notebook(cells=[new_code_cell("record(...)", outputs=[_record_output("02/old", 1)]),
+                             new_code_cell("show_records()", outputs=[bulk])])
+    got = read_records(_write(nb, tmp_path))      # nbformat sorts JSON keys on disk: pairs keep the order
+    assert list(got.items()) == [("02/old", 1), ("02/b", 2), ("02/a", [1.5, None])]
+    bad = new_output("display_data", data={RECORD_MIME: {"records": [["02/x"]]}, "text/plain": ""})
+    with pytest.raises(ValueError, match="malformed record in cell 0"):
+        read_records(_write(new_notebook(cells=[new_code_cell("", outputs=[bad])]), tmp_path, "bad.ipynb"))
+
+
 def test_execute_result_and_later_record_wins(tmp_path):
     nb = new_notebook(cells=[
         new_code_cell("a", outputs=[_record_output("t/a", 1), _record_output("t/b", 2)]),
@@ -147,12 +159,17 @@ def test_end_to_end_with_kernel(tmp_path):
         pytest.skip("no 'python3' Jupyter kernelspec installed (pip install ipykernel)")
     nb = new_notebook(cells=[
         new_code_cell(f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-                      "from utils import record\n"
+                      "from utils import record, show_records\n"
                       "record('t/x', 0.5)"),
-        new_code_cell("record('t/y', [1, 2])"),
+        new_code_cell("record('t/y', [1, 2])\nrecord('t/z', 3)\nshow_records()"),
+        new_code_cell("record('t/x', 0.25)\nshow_records()\nshow_records()"),
+        new_code_cell("record('t/lost', 1)"),           # never shown: not saved in the notebook
     ])
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=60,
                                      resources={"metadata": {"path": str(tmp_path)}})
     started_again(client.execute)   # a kernel that dies before it starts is started again (utils.course.kernel)
     path = _write(nb, tmp_path, "executed.ipynb")
-    assert read_records(path) == {"t/x": 0.5, "t/y": [1, 2]}
+    assert read_records(path) == {"t/x": 0.25, "t/y": [1, 2], "t/z": 3}
+    assert [len(c.outputs) for c in nb.cells] == [0, 1, 1, 0], "one output per show_records() with something to show"
+    text = nb.cells[1].outputs[0]["data"]["text/plain"]
+    assert text.startswith("3 values recorded (t/x ... t/z): saved in this notebook"), text

@@ -147,7 +147,7 @@ def causal_lm_loss(logits, labels):
     "stdin": (MASK, "before", "input('type the answer: ')\n"),
     "chatty": (MASK, "after", "print('x' * (50 * 2**20))\n"),
 }
-CHEATS = {"solutions": 5, "solutions2": 6, "always_equal": 6, "patched_abs": 5, "forged_cell": 8,
+CHEATS = {"solutions": 9, "solutions2": 10, "always_equal": 10, "patched_abs": 9, "forged_cell": 12,
           "forger": 0}  # the most points each may earn
 
 
@@ -250,30 +250,30 @@ def test_every_file_has_a_row_and_the_honest_students_full_marks(attacked):
     expected = {*HOSTILE, "alice", "名字", "forged_cell", "oldformat", "huge", "mallory", "oscar", "peggy"}
     assert set(rows) == expected
     for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty", "deeptree"):
-        assert rows[student]["total"] == 8, (student, rows[student])
-    assert all(row["max"] == 8 for row in rows.values()), "the forged 100-point cell counted"
+        assert rows[student]["auto_points"] == 12, (student, rows[student])
+    assert all(row["auto_max"] == 12 for row in rows.values()), "the forged 100-point cell counted"
     assert not any("unsandboxed" in row["flags"] for row in rows.values())
 
 
 @pytest.mark.parametrize("student", sorted(CHEATS))
 def test_a_cheat_earns_nothing(attacked, student):
     row = attacked["rows"][student]
-    assert row["total"] <= CHEATS[student], row
+    assert row["auto_points"] <= CHEATS[student], row
     if student != "forged_cell":
-        assert row["total"] < 8
+        assert row["auto_points"] < 12
 
 
 @pytest.mark.parametrize("student,flag,total", [
-    ("forkbomb", "process-limit:01-sft-mask-answer", 5), ("memhog", "memory-limit:01-sft-mask-answer", 5),
-    ("bigfile", "scratch-full:01-sft-mask-answer", 5),
-    ("dirflood", None, 5),  # empty folders count 4 KiB each: 131 072 fill the scratch, slower than the cell limit
+    ("forkbomb", "process-limit:01-sft-mask-answer", 9), ("memhog", "memory-limit:01-sft-mask-answer", 9),
+    ("bigfile", "scratch-full:01-sft-mask-answer", 9),
+    ("dirflood", None, 9),  # empty folders count 4 KiB each: 131 072 fill the scratch, slower than the cell limit
     ("mallory", "symlink", 0), ("forger", "forged-run", 0), ("oscar", "symlink", 0),
     ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
 ])
 def test_a_limit_or_a_trick_is_flagged(attacked, student, flag, total):
     row = attacked["rows"][student]
     assert flag is None or flag in row["flags"].split(), row
-    assert row["total"] == total, row
+    assert row["auto_points"] == total, row
 
 
 def test_nothing_of_the_instructors_changed(attacked):
@@ -282,7 +282,7 @@ def test_nothing_of_the_instructors_changed(attacked):
     assert digest(attacked["subs"]) == attacked["before"], "a submission changed"
     assert not (REPO_ROOT / "grades.csv").exists() and not (NOTEBOOKS_DIR / "grades.csv").exists()
     made = sorted(digest(attacked["out"]))
-    assert all(p == "grades.csv" or p.startswith("feedback/") for p in made), made
+    assert all(p in ("grades.csv", "written.md") or p.startswith("feedback/") for p in made), made
     with open(attacked["out"] / "grades.csv", newline="", encoding="utf-8") as f:
         assert {r["student"] for r in csv.DictReader(f)} == set(attacked["rows"]), "a forged row in grades.csv"
 

@@ -2,15 +2,16 @@
 
 Kept deliberately small: only what several lessons reuse lives here. Import the
 submodules you need (``from utils import data, rewards, evaluation``); the three
-functions every lesson uses (``record``, ``read_records``, ``headline``) are re-exported at the top level.
+functions every lesson uses (``record``, ``show_records``, ``read_records``, ``headline``) are re-exported at the
+top level.
 """
 import logging as _logging
 import warnings as _warnings
 
 from .headlines import headline
-from .records import read_records, record
+from .records import read_records, record, show_records
 
-__all__ = ["headline", "record", "read_records"]
+__all__ = ["headline", "record", "read_records", "show_records"]
 
 # Messages a student cannot act on, silenced narrowly (by message and module), never globally:
 # - tqdm in a kernel without ipywidgets falls back to text bars (that is fine);

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from .records import RECORDS, record
+from .records import RECORDS, record, show_records
 
 SHARE = "share"
 NOISE_KINDS = ("n", "se", "noise")
@@ -107,6 +107,7 @@ def headline(lesson: str, results: list[dict], tiny_target_s: float | None = Non
     """
     declaration = check({"results": results, "tiny_target_s": tiny_target_s})
     record(f"{lesson}/headline", declaration, text=f"[record] {lesson}/headline ({len(results)} results, below)")
+    show_records()
     print("\n".join(block(declaration, {k: v for k, v in RECORDS.items() if k.startswith(f"{lesson}/")})))
 
 

@@ -1,10 +1,11 @@
 """Record the numbers a lesson claims, and read them back from an executed notebook.
 
 A lesson ends with a results cell that calls ``record("<lesson>/<metric>", value)``
-for every number it claims. Inside Jupyter each call emits a display output with
-its own MIME type, so the value is stored *in the executed notebook* as JSON; tests,
-the runner's summary and the grader then call ``read_records(path)`` instead of
-scraping printed text.
+for every number it claims, then ``show_records()``. Inside Jupyter that emits one
+display output with its own MIME type, holding every value recorded since the last
+call, so the values are stored *in the executed notebook* as JSON (and the cell shows
+one line, not one per value); tests, the runner's summary and the grader then call
+``read_records(path)`` instead of scraping printed text.
 
 This module deliberately imports neither torch nor numpy: values such as numpy
 scalars and 0-d tensors are converted by duck typing (they have ``.item()``).
@@ -21,6 +22,8 @@ KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.@/-]+$")
 
 # Everything recorded in this process, key -> plain JSON value (scripts can read it).
 RECORDS: dict[str, object] = {}
+# Inside a kernel: keys recorded since the last show_records(), which saves them in the notebook.
+PENDING: list[str] = []
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -100,10 +103,10 @@ def record(key: str, value, text: str | None = None) -> None:
     """Record ``value`` under ``key`` (e.g. ``"grpo/heldout_accuracy_after"``).
 
     The value is converted to plain JSON (numpy / torch scalars via ``.item()``,
-    tuples to lists), stored in ``RECORDS``, and, inside an IPython kernel, emitted as
-    a display output of type ``RECORD_MIME`` so that it is saved in the notebook.
-    Outside IPython the same one-line summary is printed (``text``, when given, replaces
-    that line: for a value too long to read on one).
+    tuples to lists) and stored in ``RECORDS``. Inside an IPython kernel it waits for
+    :func:`show_records`, which saves everything recorded since its last call in the
+    notebook at once. Outside IPython a one-line summary is printed (``text``, when
+    given, replaces that line: for a value too long to read on one).
 
     Raises ValueError for a malformed key or a NaN/inf value (record None when a
     metric is undefined), TypeError for a value that has no JSON form.
@@ -116,14 +119,28 @@ def record(key: str, value, text: str | None = None) -> None:
         )
     value = _to_json(value, key)
     RECORDS[key] = value
-    text = text or f"[record] {key} = {_show(value)}"
-
     if _in_ipython():
-        from IPython.display import display
-
-        display({RECORD_MIME: {"key": key, "value": value}, "text/plain": text}, raw=True)
+        PENDING.append(key)
     else:
-        print(text)
+        print(text or f"[record] {key} = {_show(value)}")
+
+
+def show_records() -> None:
+    """Save the values recorded since the last call in the executed notebook: one display output of type
+    ``RECORD_MIME`` (``{"records": [[key, value], ...]}``) whose text is a single line saying how many
+    there are. Outside IPython, where :func:`record` prints each value, there is nothing to do.
+    Taught in lesson 01's results cell; every lesson ends its results cell with it.
+    """
+    if not _in_ipython() or not PENDING:
+        return
+    from IPython.display import display
+
+    keys = list(dict.fromkeys(PENDING))
+    PENDING.clear()
+    span = keys[0] if len(keys) == 1 else f"{keys[0]} ... {keys[-1]}"
+    text = (f"{len(keys)} value{'s' * (len(keys) > 1)} recorded ({span}): saved in this notebook for the tests, "
+            "the runner's summary and the grader; utils.records.RECORDS holds them")
+    display({RECORD_MIME: {"records": [[k, RECORDS[k]] for k in keys]}, "text/plain": text}, raw=True)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -170,7 +187,13 @@ def read_records(path) -> dict:
                     payload = json.loads(payload)
                 except json.JSONDecodeError:
                     payload = None
-            if not isinstance(payload, dict) or not isinstance(payload.get("key"), str) or "value" not in payload:
-                raise ValueError(f"read_records: {name}: malformed record in cell {i}: {payload!r}")
-            records[payload["key"]] = payload["value"]
+            if isinstance(payload, dict) and isinstance(payload.get("records"), list):    # show_records()
+                pairs = payload["records"]
+            elif isinstance(payload, dict) and isinstance(payload.get("key"), str) and "value" in payload:
+                pairs = [[payload["key"], payload["value"]]]                               # one record per output
+            else:
+                pairs = None
+            if pairs is None or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+                raise ValueError(f"read_records: {name}: malformed record in cell {i}: {str(payload)[:300]}")
+            records.update(pairs)
     return records

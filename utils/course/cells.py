@@ -4,6 +4,10 @@
   solution between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
 - a **graded check** has ``{"grade": true, "solution": false, "locked": true, "points": n, ...}``;
   instructor-only lines go between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``;
+- a **written question** is a markdown cell with ``{"grade": true, "solution": true, "locked": false,
+  "points": n, ...}`` and a grade_id ``<lesson>-written-<topic>``, right after the markdown cell that asks
+  it: its source is the instructor's marking guide, which the student edition replaces by
+  nbgrader's ``YOUR ANSWER HERE``; the instructor marks it by hand (``grade`` collects the answers);
 - cells tagged ``grader-setup`` are what the checks need besides the answers.
 
 This module reads and rewrites such cells (checksums, stubs, hidden tests); ``labs`` builds the
@@ -18,6 +22,7 @@ from ..constants import SETUP_TAG
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+TEXT_STUB = "YOUR ANSWER HERE"   # nbgrader's ClearSolutions.text_stub: what a written answer starts as
 
 
 class LabError(ValueError):
@@ -39,6 +44,21 @@ def is_grade(cell) -> bool:
 def is_solution(cell) -> bool:
     """An answer cell (nbgrader: ``solution`` true)."""
     return bool(nbgrader_meta(cell).get("solution", False))
+
+
+def is_check(cell) -> bool:
+    """An automatically graded check: a code cell with ``grade`` true and ``solution`` false."""
+    return cell.get("cell_type") == "code" and is_grade(cell) and not is_solution(cell)
+
+
+def is_answer(cell) -> bool:
+    """An answer cell of code (its solution region becomes the stub), checked by the checks after it."""
+    return cell.get("cell_type") == "code" and is_solution(cell) and not is_grade(cell)
+
+
+def is_written(cell) -> bool:
+    """A written question's answer cell (markdown, ``grade`` and ``solution`` true), marked by hand."""
+    return cell.get("cell_type") == "markdown" and is_grade(cell) and is_solution(cell)
 
 
 def is_locked(cell) -> bool:
@@ -132,13 +152,34 @@ def exercise_of(answer_cell) -> str:
 
 
 # ----------------------------------------------------------------------------- contract check
+def _check_written(nb, index: int, where: str, has_markers: bool) -> None:
+    """LabError unless the written question at ``nb.cells[index]`` keeps the contract."""
+    meta = nbgrader_meta(nb.cells[index])
+    if has_markers:
+        raise LabError(f"{where}: a written question's cell is its marking guide as a whole, without "
+                       "solution or hidden-test markers")
+    if "-written-" not in str(meta.get("grade_id", "")):
+        raise LabError(f"{where}: a written question's grade_id reads '<lesson>-written-<topic>' "
+                       "(e.g. '04-written-kl')")
+    if not isinstance(meta.get("points"), int) or meta["points"] <= 0 or meta.get("locked"):
+        raise LabError(f"{where}: a written question needs positive integer points and locked=false")
+    if index == 0 or nb.cells[index - 1].cell_type != "markdown" or is_written(nb.cells[index - 1]):
+        raise LabError(f"{where}: a written question's answer cell comes right after the markdown cell that asks it")
+
+
+def question_of(nb, index: int) -> str:
+    """The text of the question that the written answer cell ``nb.cells[index]`` answers."""
+    return nb.cells[index - 1].source
+
+
 def check_contract(nb, name: str = "lesson") -> None:
     """Raise LabError when a lesson breaks the exercise contract.
 
-    Every cell with a solution region is an answer cell and vice versa; grade_ids are unique and
-    nbgrader-valid; every check has integer points, is locked and is not also a solution cell;
-    hidden tests sit only in checks; markers are balanced; at least one cell is tagged
-    ``grader-setup`` when the lesson has checks.
+    Every code cell with a solution region is an answer cell and vice versa; grade_ids are unique
+    and nbgrader-valid; every check has integer points, is locked and is not also a solution cell;
+    every written question follows the markdown cell asking it, has points and no markers; hidden
+    tests sit only in checks; markers are balanced; at least one cell is tagged ``grader-setup``
+    when the lesson has checks.
     """
     seen = set()
     for i, cell in enumerate(nb.cells):
@@ -146,7 +187,9 @@ def check_contract(nb, name: str = "lesson") -> None:
         meta, src = nbgrader_meta(cell), cell.get("source", "")
         has_solution = bool(_regions(src.split("\n"), BEGIN_SOLUTION, END_SOLUTION, where))
         has_hidden = bool(_regions(src.split("\n"), BEGIN_HIDDEN, END_HIDDEN, where))
-        if has_solution != is_solution(cell):
+        if is_written(cell):
+            _check_written(nb, i, where, has_solution or has_hidden)
+        elif has_solution != is_solution(cell):
             raise LabError(f"{where}: a cell with '{BEGIN_SOLUTION}' must have nbgrader metadata "
                            f"solution=true, and a solution cell must have a solution region")
         if has_hidden and not is_grade(cell):
@@ -161,12 +204,16 @@ def check_contract(nb, name: str = "lesson") -> None:
         seen.add(gid)
         if meta.get("schema_version") != 3:
             raise LabError(f"{where}: nbgrader schema_version must be 3")
+        if is_written(cell):
+            continue
         if is_grade(cell):
             if is_solution(cell) or cell.cell_type != "code":
-                raise LabError(f"{where}: a graded check is a code cell and not a solution cell")
+                raise LabError(f"{where}: a graded check is a code cell and not a solution cell "
+                               "(a written question is a markdown cell with grade and solution true)")
             if not isinstance(meta.get("points"), int) or meta["points"] <= 0 or not meta.get("locked"):
                 raise LabError(f"{where}: a graded check needs positive integer points and locked=true")
-        elif is_solution(cell) and not gid.endswith("-answer"):
-            raise LabError(f"{where}: an answer cell's grade_id ends in '-answer' (e.g. '01-collate-answer')")
-    if any(is_grade(c) for c in nb.cells) and not any(SETUP_TAG in c.metadata.get("tags", []) for c in nb.cells):
+        elif is_solution(cell) and (cell.cell_type != "code" or not gid.endswith("-answer")):
+            raise LabError(f"{where}: an answer cell is a code cell whose grade_id ends in '-answer' "
+                           "(e.g. '01-collate-answer')")
+    if any(is_check(c) for c in nb.cells) and not any(SETUP_TAG in c.metadata.get("tags", []) for c in nb.cells):
         raise LabError(f"{name}: no cell is tagged {SETUP_TAG!r}; the checks could not be run on their own")

@@ -20,7 +20,10 @@ Usage (from the repository root)::
 3. **Results.** The records (``utils.read_records``) and figures of the student's own run are
    reported as self-reported, with the preset, model, device and hardware they ran on.
 4. **Output** in ``--out`` (default ``SUBMISSIONS_DIR-grades``): ``grades.csv`` (one row per
-   submission, rewritten after each one, so a grade once computed is never lost) and
+   submission, rewritten after each one, so a grade once computed is never lost; the checks'
+   points, ``auto_points`` of ``auto_max``, then one empty column per written question for the
+   instructor's mark, ``manual_points`` of ``manual_max``), ``written.md`` (every student's
+   written answers beside each question and its marking guide: :mod:`written`) and
    ``feedback/<student>.md`` with ``feedback/<student>/figure-N.png``.
 
 A broken submission (invalid JSON, missing cells, a syntax error, an infinite loop, a kernel
@@ -55,8 +58,8 @@ import nbformat
 from .. import headlines
 from ..constants import META_KEYS
 from ..records import read_records
-from . import labs, sandbox
-from .cells import LabError, grade_id, is_grade
+from . import labs, sandbox, written
+from .cells import LabError, grade_id, is_check
 from .grading import (
     CELL_TIMEOUT_S,
     MAX_ATTEMPTS,
@@ -115,7 +118,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
     checks = {}
     for cell in lesson.cells:  # lesson order
         gid = grade_id(cell)
-        if is_grade(cell):
+        if is_check(cell):
             checks[gid] = killed.get(gid) or run["checks"].get(gid) or {
                 "passed": False, "ename": "NotRun", "points": 0, "max_points": cell.metadata.nbgrader["points"],
                 "message": "not run"}
@@ -183,8 +186,10 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     """The student's feedback; ``headline``: the lesson's declared headline (``utils.headlines``)."""
     checks = result.get("checks", {})
     total, maximum = sum(c["points"] for c in checks.values()), sum(c["max_points"] for c in checks.values())
+    marked = (" for the graded checks; the written questions are marked by your instructor"
+              if result.get("written") else "")
     lines = [f"# {lab_name}: feedback for {student}", "",
-             f"Submission: `{sub.get('file') or '-'}`  ", f"**Score: {total} / {maximum}**", ""]
+             f"Submission: `{sub.get('file') or '-'}`  ", f"**Score: {total} / {maximum}**{marked}", ""]
     if result.get("invalid-notebook"):
         lines += [f"**This file could not be graded:** {result['invalid-notebook']}. Open it in Jupyter to check "
                   "it, and hand in the .ipynb file that Jupyter saves.", ""]
@@ -207,6 +212,12 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
         issues += [f"- the grader's setup cell {e['cell']} raised {e['error']}" for e in result["setup_errors"]]
     if issues:
         lines += ["## Notes", "", *issues, ""]
+    if result.get("written"):
+        lines += ["## Written questions", "", "Marked by your instructor, not by the grader.", ""]
+        lines += [f"- {gid}: " + {"answered": "answered", "not-answered": "not answered (the cell still says "
+                                  "YOUR ANSWER HERE)", "missing": "not answered (the cell is missing)"}[a["status"]]
+                  for gid, a in result["written"].items()]
+        lines.append("")
     records, figures = result.get("records", {}), result.get("figures", 0)
     lines += ["## Your run (self-reported, not re-run by the grader)", ""]
     meta = meta_of(records)
@@ -249,14 +260,15 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
             result = {"invalid-notebook": reason, "checks": {
                 grade_id(c): {"passed": False, "points": 0, "max_points": c.metadata.nbgrader["points"],
                                    "message": "not graded: the file is not a notebook", "ename": None}
-                for c in lesson.cells if is_grade(c)}}
+                for c in lesson.cells if is_check(c)}}
         else:
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
             result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box, lesson_number(lab_name))
             if theirs and theirs != lab_name:
                 result["wrong-lab"] = theirs
             records, figures, problems = self_reported(nb)
-            result.update(records=records, figures=len(figures), result_problems=problems)
+            result.update(records=records, figures=len(figures), result_problems=problems,
+                          written=written.answers(nb, written.questions(lesson)))
             fig_dir = out / "feedback" / safe
             for i, png in enumerate(figures):
                 fig_dir.mkdir(parents=True, exist_ok=True)
@@ -269,8 +281,9 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     checks = result.get("checks", {})
     for gid, c in checks.items():
         row[gid] = c["points"]
-    row["total"] = sum(c["points"] for c in checks.values())
-    row["max"] = sum(c["max_points"] for c in checks.values())
+    row["auto_points"] = sum(c["points"] for c in checks.values())
+    row["auto_max"] = sum(c["max_points"] for c in checks.values())
+    row["_written"] = result.get("written", {})
     row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
@@ -280,12 +293,13 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     return row
 
 
-def _cell_text(value):
+def _cell_text(value, cut: int | None = 200):
     """A CSV cell a spreadsheet shows as text: what a student wrote (a name, a self-reported record) is
-    cut to 200 characters and never starts like a formula (``=HYPERLINK(...)`` is quoted)."""
+    cut to ``cut`` characters and never starts like a formula (``=HYPERLINK(...)`` is quoted). The
+    grader's own ``flags`` are never cut (``cut=None``): a long list must not lose ``wrong-lab``."""
     if not isinstance(value, str):
         return value
-    value = value[:200]
+    value = value[:cut]
     return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
@@ -295,7 +309,7 @@ def write_csv(rows: list[dict], columns: list[str], path: Path) -> None:
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in sorted(rows, key=lambda r: r["student"]):
-        writer.writerow({k: _cell_text(v) for k, v in row.items()})
+        writer.writerow({k: _cell_text(v, None if k == "flags" else 200) for k, v in row.items()})
     tmp = path.with_suffix(".csv.tmp")
     tmp.write_text(buf.getvalue(), encoding="utf-8")
     tmp.replace(path)
@@ -323,10 +337,13 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
     unique_safe_names(subs)
-    check_ids = [grade_id(c) for c in lesson.cells if is_grade(c)]
-    columns = ["student", "lab", "file", *check_ids, "total", "max", "flags", *META_KEYS]
-    rows, lock = [], threading.Lock()
+    check_ids = [grade_id(c) for c in lesson.cells if is_check(c)]
+    asked = written.questions(lesson)
+    columns = ["student", "lab", "file", *check_ids, "auto_points", "auto_max", *written.columns(asked), "flags",
+               *META_KEYS]
+    rows, lock, answers = [], threading.Lock(), {}
     csv_path = out / "grades.csv"
+    marks = written.previous_marks(csv_path, asked)   # an instructor's marks survive a new run
     write_csv(rows, columns, csv_path)
     progress(f"grading {len(subs)} submission(s) of {lab_name} from {folder} ({jobs} at a time) ...")
     progress(f"sandbox: bubblewrap; {box.describe()}" if box else
@@ -339,15 +356,20 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
         try:
             row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box, headline)
         except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
-            row = {"student": sub["student"], "lab": lab_name, "total": 0, "max": 0,
+            row = {"student": sub["student"], "lab": lab_name, "auto_points": 0, "auto_max": 0,
                    "flags": " ".join([*sub["flags"], "grader-error"]), "file": ""}
             progress(f"  the grader failed on {sub['student']!r} ({type(e).__name__}: {str(e)[:200]}): "
                      "grade it by hand")
+        row.update(written.manual_row(asked, marks.get(_cell_text(row["student"]), {})))
         with lock:
             rows.append(row)
+            key = row["student"] if row["student"] not in answers else f"{row['student']} ({sub.get('safe')})"
+            answers[key] = row.pop("_written", {})
             write_csv(rows, columns, csv_path)
-            progress(f"  {row['student']:<20} {row['total']:>3} / {row['max']:<3} {time.perf_counter() - t:6.1f} s"
-                     f"  {row['flags']}".rstrip())
+            if asked:
+                (out / "written.md").write_text(written.markdown(lab_name, asked, answers), encoding="utf-8")
+            progress(f"  {row['student']:<20} {row['auto_points']:>3} / {row['auto_max']:<3} "
+                     f"{time.perf_counter() - t:6.1f} s  {row['flags']}".rstrip())
         return row
 
     try:
@@ -355,7 +377,8 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
             list(pool.map(work, subs))
     finally:
         remove_scratch(tmp)
-    progress(f"wrote {csv_path} and {out / 'feedback'}/" + ("" if box else " (UNSANDBOXED)"))
+    wrote = f"{csv_path}, {out / 'written.md'} (written answers to mark in grades.csv)" if asked else str(csv_path)
+    progress(f"wrote {wrote} and {out / 'feedback'}/" + ("" if box else " (UNSANDBOXED)"))
     return sorted(rows, key=lambda r: r["student"])
 
 
@@ -385,7 +408,7 @@ def main(argv=None) -> int:
     except sandbox.SandboxUnavailable as e:
         print(f"error: no sandbox: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, LookupError, LabError) as e:
+    except (FileNotFoundError, LookupError, LabError, written.MarksUnreadable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(rows)} submission(s) graded in {time.perf_counter() - t:.1f} s"

@@ -22,7 +22,7 @@ import nbformat
 
 from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
 from . import sandbox as sb
-from .cells import compute_checksum, grade_id, is_grade, is_solution
+from .cells import compute_checksum, grade_id, is_answer, is_check
 from .lessons import own_cells
 
 KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
@@ -56,11 +56,11 @@ def match_cells(lesson, submission) -> dict:
             by_id.setdefault(cell["id"], cell)
     found = {}
     for cell in lesson.cells:
-        if not (is_solution(cell) or is_grade(cell)):
+        if not (is_answer(cell) or is_check(cell)):
             continue
         gid = grade_id(cell)
         match = by_gid.get(gid) or by_id.get(cell.get("id"))
-        if match is None and is_solution(cell):
+        if match is None and is_answer(cell):
             names = _defined_names(cell.source)
             match = next((c for c in code if names and names <= _defined_names(c.source)), None)
         found[gid] = match
@@ -92,7 +92,7 @@ def grading_notebook(lesson, answers, lab):
         gid = grade_id(cell)
         if "parameters" in tags or SETUP_TAG in tags:
             source, role = cell.source, "parameters" if "parameters" in tags else "setup"
-        elif is_solution(cell):
+        elif is_answer(cell):
             sub, stub = found.get(gid), lab_cells[gid]
             if sub is None:
                 integrity.append({"flag": "missing-answer", "grade_id": gid,
@@ -103,7 +103,7 @@ def grading_notebook(lesson, answers, lab):
                 if source == stub.source:
                     integrity.append({"flag": "not-attempted", "grade_id": gid, "detail": "the stub is unchanged"})
             role = "answer"
-        elif is_grade(cell):
+        elif is_check(cell):
             sub, ref = found.get(gid), lab_cells[gid]
             if sub is None:
                 integrity.append({"flag": "deleted", "grade_id": gid,
@@ -120,7 +120,7 @@ def grading_notebook(lesson, answers, lab):
         new = nbformat.v4.new_code_cell(source)
         new.metadata["tags"] = (["parameters"] if role == "parameters" else []) + ["raises-exception"]
         new.metadata["grading"] = {"role": role, "grade_id": gid}
-        if is_grade(cell):
+        if is_check(cell):
             new.metadata["nbgrader"] = copy.deepcopy(cell.metadata["nbgrader"])
         nb.cells.append(new)
     return nb, integrity

@@ -32,7 +32,7 @@ from pathlib import Path
 import nbformat
 
 from ..constants import REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
-from .cells import LabError, exercise_of, is_solution
+from .cells import LabError, exercise_of, is_answer
 from .labs import lab_text, lesson_paths
 from .lessons import lesson_number
 from .solutions import answer_source, module_name
@@ -84,7 +84,7 @@ def needed_answers(lab) -> list[tuple[str, str, list[str]]]:
 def _answer_functions(lesson_path: Path):
     """``(answer cell, function node)`` for every function a lesson's answer cells define."""
     for cell in nbformat.read(lesson_path, as_version=4).cells:
-        if is_solution(cell) and (tree := _parse(answer_source(cell))) is not None:
+        if is_answer(cell) and (tree := _parse(answer_source(cell))) is not None:
             for node in tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     yield cell, node

@@ -12,7 +12,8 @@ A lesson marks its exercises the nbgrader way (:mod:`utils.course.cells`; the co
 tagged ``grader-setup``, the answer cells and the checks: never a lesson's training.
 
 The lab of a lesson has every solution region replaced by a stub that raises
-``NotImplementedError`` naming the exercise, the hidden tests removed, outputs cleared, the
+``NotImplementedError`` naming the exercise, every written question's marking guide replaced by
+``YOUR ANSWER HERE``, the hidden tests and CI's markers removed, outputs cleared, the
 checks locked (``editable``/``deletable`` false, as nbgrader's LockCells does) and every answer
 and check cell's nbgrader checksum recorded (``compute_checksum`` is nbgrader 0.9's). The answers
 themselves go to ``utils/solutions/lessonNN.py`` (:mod:`utils.course.solutions`), where the tests
@@ -32,12 +33,14 @@ import nbformat
 from ..constants import LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR
 from . import grading, solutions
 from .cells import (
+    TEXT_STUB,
     LabError,
     check_contract,
     compute_checksum,
     exercise_of,
-    is_grade,
-    is_solution,
+    is_answer,
+    is_check,
+    is_written,
     remove_hidden_tests,
     stub_solutions,
 )
@@ -56,15 +59,28 @@ INSTRUCTIONS = """\
 > the numbers your run records (`utils.record`) and your figures are read from the notebook you
 > hand in, as self-reported results, with the preset and hardware you ran on. Hand in the
 > executed notebook, under its own name.
+>
+> **Written questions** ask what *your* run showed: replace `YOUR ANSWER HERE` in the cell under
+> each one with a few sentences (double-click the cell to edit it). Your instructor marks them by hand.
 """
 
 
 # ----------------------------------------------------------------------------- building labs
+# Lines that only the project's CI reads (nbval's regression marker): a student edition leaves them out.
+TOOLING_MARKERS = ("# NBVAL_CHECK_OUTPUT",)
+
+
+def strip_tooling_markers(source: str) -> str:
+    """``source`` without its lines that are only a test-tooling marker (:data:`TOOLING_MARKERS`)."""
+    return "\n".join(line for line in source.split("\n") if line.strip() not in TOOLING_MARKERS)
+
+
 def _clean_cell(cell) -> None:
-    """Outputs, execution counts and run metadata (papermill, execution timings) removed."""
+    """Outputs, execution counts, run metadata (papermill, execution timings) and CI's markers removed."""
     if cell.cell_type == "code":
         cell.outputs = []
         cell.execution_count = None
+        cell.source = strip_tooling_markers(cell.source)
     for key in ("papermill", "execution", "collapsed", "scrolled"):
         cell.metadata.pop(key, None)
 
@@ -83,14 +99,17 @@ def build_lab(lesson, name: str):
     for i, cell in enumerate(lab.cells):
         _clean_cell(cell)
         where = f"{name}, cell {i + 1}"
-        if is_solution(cell):
+        if is_answer(cell):
             cell.source = stub_solutions(cell.source, exercise_of(cell), where)
             cell.metadata["deletable"] = False
-        elif is_grade(cell):
+        elif is_written(cell):   # the marking guide gives way to nbgrader's text stub
+            cell.source = TEXT_STUB
+            cell.metadata["deletable"] = False
+        elif is_check(cell):
             cell.source = remove_hidden_tests(cell.source, where)
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
-        if is_solution(cell) or is_grade(cell):
+        if is_answer(cell) or is_written(cell) or is_check(cell):
             cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
     instructions = nbformat.v4.new_markdown_cell(INSTRUCTIONS)
     instructions.id = INSTRUCTIONS_ID

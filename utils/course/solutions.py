@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 
 from ..constants import SETUP_TAG, SOLUTIONS_DIR
-from .cells import BEGIN_SOLUTION, END_SOLUTION, LabError, grade_id, is_solution
+from .cells import BEGIN_SOLUTION, END_SOLUTION, LabError, grade_id, is_answer
 from .lessons import lesson_number
 
 HEADER = '''"""Reference solutions of lesson {lesson}'s graded exercises.
@@ -88,7 +88,7 @@ def module_text(lesson, lesson_file: str) -> str | None:
     Raises LabError naming a name the answers use that no ``grader-setup`` cell binds by an import
     or a literal (an answer must not depend on the lesson's run).
     """
-    answers = [c for c in lesson.cells if is_solution(c)]
+    answers = [c for c in lesson.cells if is_answer(c)]
     if not answers:
         return None
     blocks = [(grade_id(c).removesuffix("-answer"), answer_source(c)) for c in answers]

@@ -70,3 +70,47 @@ def causal_lm_loss(logits, labels):
     logits, targets = logits[:, :-1], labels[:, 1:]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
                                              targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+# ----------------------------------------------------------------------------- 01-sft-step
+def sft_step(model, batch, optimizer, loss_fn, lr, max_grad_norm=1.0, scaler=None, amp_dtype=None):
+    """One SFT step on a batch: forward, masked loss, backward, clip, optimizer step.
+
+    Args:
+        model: a causal LM in train mode; the optimizer holds its trainable parameters.
+        batch: dict of (B, T) int64 tensors "input_ids", "attention_mask" and "labels"
+            (IGNORE_INDEX where there is no loss), on the model's device.
+        optimizer: a torch optimizer over the model's trainable parameters.
+        loss_fn: loss_fn(logits (B, T, V), labels (B, T)) -> scalar tensor, e.g. your causal_lm_loss.
+        lr: this step's learning rate, set on every parameter group before the optimizer steps.
+        max_grad_norm: clip the global L2 norm of all the gradients to this
+            (torch.nn.utils.clip_grad_norm_).
+        scaler: a torch.amp.GradScaler (fp16 training) or None. With one, backpropagate
+            scaler.scale(loss), unscale the gradients (scaler.unscale_) before clipping, step with
+            scaler.step(optimizer) and call scaler.update().
+        amp_dtype: None, or the dtype (torch.float16 / torch.bfloat16) of torch.autocast around the
+            forward pass and the loss (mixed precision on a GPU).
+    Returns:
+        (loss, grad_norm): Python floats, the batch's loss and the gradients' total norm before
+        clipping (after unscaling). The gradients are cleared after the step (set to None).
+    """
+    device_type = batch["input_ids"].device.type
+    with torch.autocast(device_type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = loss_fn(logits, batch["labels"])
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item(), grad_norm.item()

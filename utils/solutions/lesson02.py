@@ -73,7 +73,8 @@ def collate_packed(rows, pad_token_id):
         "input_ids": right-padded with pad_token_id;
         "labels": right-padded with IGNORE_INDEX, and IGNORE_INDEX at the first token of every
             document (nothing in its own document comes before it to predict it);
-        "position_ids": position_ids_for(seq_lengths) per row, 0 on padding.
+        "position_ids": 0, 1, ... restarting at the first token of every document (what position_ids_for
+            computes: write it here, each exercise is checked on its own), 0 on padding.
         No "attention_mask": transformers derives the block-diagonal causal mask from position_ids.
     """
     T = max(len(r["input_ids"]) for r in rows)
@@ -81,7 +82,7 @@ def collate_packed(rows, pad_token_id):
              for key, fill in (("input_ids", pad_token_id), ("labels", IGNORE_INDEX), ("position_ids", 0))}
     for b, r in enumerate(rows):
         n = len(r["input_ids"])
-        pos = position_ids_for(r.get("seq_lengths") or [n])
+        pos = torch.cat([torch.arange(length, dtype=torch.long) for length in r.get("seq_lengths") or [n]])
         labels = torch.tensor(r["labels"], dtype=torch.long)
         labels[pos == 0] = IGNORE_INDEX
         batch["input_ids"][b, :n] = torch.tensor(r["input_ids"], dtype=torch.long)

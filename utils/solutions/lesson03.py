@@ -42,3 +42,41 @@ def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_r
     rejected = policy_rejected_logps - ref_rejected_logps
     loss = -F.logsigmoid(beta * (chosen - rejected)).mean()
     return loss, beta * chosen.detach(), beta * rejected.detach()
+
+
+# ----------------------------------------------------------------------------- 03-dpo-step
+def dpo_step(policy, ref_model, batch, optimizer, beta, logps_fn, loss_fn, max_grad_norm=1.0):
+    """One DPO step on a preference batch: log-probs, loss, backward, clip, optimizer step.
+
+    Args:
+        policy: the model being trained (train mode); the optimizer holds its trainable parameters.
+        ref_model: the frozen reference model (never updated, never given gradients).
+        batch: TRL's preference batch (dpo.collate_pairs): int64 tensors of shape (2B, T)
+            "input_ids", "attention_mask" and "completion_mask"; rows 0..B-1 hold prompt + chosen
+            answer, rows B..2B-1 prompt + rejected answer.
+        optimizer: a torch optimizer over the policy's trainable parameters.
+        beta: the DPO temperature.
+        logps_fn: logps_fn(logits (2B, T, V), input_ids, completion_mask) -> (2B,) summed
+            log-probs of the completion tokens (your sequence_logps).
+        loss_fn: loss_fn(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta) ->
+            (loss, chosen_rewards, rejected_rewards) (your dpo_loss).
+        max_grad_norm: clip the global L2 norm of the gradients to this.
+    Returns:
+        dict of Python floats: "loss"; "margin", the mean of chosen_rewards - rejected_rewards;
+        "accuracy", the fraction of pairs with chosen_rewards > rejected_rewards. The gradients
+        are cleared after the step (set to None).
+    """
+    def logps(model):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return logps_fn(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
+
+    policy_chosen, policy_rejected = logps(policy)
+    with torch.no_grad():
+        ref_chosen, ref_rejected = logps(ref_model)
+    loss, chosen_rewards, rejected_rewards = loss_fn(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss.item(), "margin": (chosen_rewards - rejected_rewards).mean().item(),
+            "accuracy": (chosen_rewards > rejected_rewards).float().mean().item()}

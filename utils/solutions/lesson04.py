@@ -14,19 +14,26 @@ def group_advantages(rewards, group_size, scale="group", eps=1e-4):
     Args:
         rewards: (N,) float, N = num_prompts * group_size; consecutive blocks of group_size are one
             prompt's group.
-        group_size: int, G (TRL's num_generations).
+        group_size: int, G (TRL's num_generations). N must be a multiple of it: ValueError otherwise.
         scale: "group" divides by each group's std, "batch" by the std of all N rewards, "none" does not
-            divide. std is torch's default (unbiased, n - 1).
+            divide; ValueError for anything else. std is torch's default (unbiased, n - 1). A group of one
+            (G = 1) has no spread and is its own mean: its advantage is 0, as in TRL (never NaN).
         eps: float added to the std.
     Returns:
         (N,) float: rewards minus their group's mean, divided as `scale` says.
     """
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    rewards = rewards.float()
     grouped = rewards.view(-1, group_size)
     centered = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
     if scale == "group":
-        return centered / (grouped.std(dim=1).repeat_interleave(group_size) + eps)
+        std = grouped.std(dim=1) if group_size > 1 else torch.zeros(len(grouped))
+        return centered / (std.repeat_interleave(group_size) + eps)
     if scale == "batch":
-        return centered / (rewards.std() + eps)
+        return centered / ((rewards.std() if len(rewards) > 1 else 0.0) + eps)
     return centered
 
 
@@ -70,10 +77,13 @@ def aggregate_loss(per_token_loss, mask, loss_type, max_completion_length=None):
         per_token_loss: (B, T) float.
         mask: (B, T) 0/1, 1 on real completion tokens.
         loss_type: "grpo" (mean per sequence, then over sequences), "bnpo" and "dapo" (sum over all
-            tokens / number of tokens), "dr_grpo" (sum / (B * max_completion_length)).
+            tokens / number of tokens), "dr_grpo" (sum / (B * max_completion_length)); ValueError for
+            any other.
         max_completion_length: int, needed by "dr_grpo".
     Returns:
-        () float scalar.
+        () float scalar, differentiable with respect to per_token_loss. Positions where mask is 0 never
+        count, whatever loss they hold. A row with no token (all-zero mask) counts as 0 in "grpo"'s mean
+        over sequences (TRL clamps its length to 1); a batch with no token at all gives 0.
     """
     mask = mask.to(per_token_loss.dtype)
     if loss_type == "grpo":

@@ -62,7 +62,8 @@ def blockwise_quantize(x, blocksize=64):
 # ----------------------------------------------------------------------------- 06-nf4
 def nf4_quantize(x, blocksize=64, code=quant.NF4_CODE):
     """NF4 per block: divide each block of x.reshape(-1) (zero-padded) by its absmax, then store the
-    index of the nearest of the 16 values of `code`.
+    index of the nearest of the 16 values of `code` (sorted ascending). A value exactly halfway between
+    two levels takes the lower one, as bitsandbytes does.
 
     Returns:
         (codes, absmax): codes uint8 in [0, 15] of shape (n_blocks * blocksize,); absmax float32 (n_blocks,),
@@ -90,8 +91,15 @@ def double_quantize(absmax, blocksize=256):
     Args:
         absmax: float32 (n_blocks,), the scales of a first quantization.
     Returns:
-        (q, absmax2, offset): offset = absmax.mean(); (q, absmax2) = blockwise_quantize(absmax - offset, blocksize).
+        (q, absmax2, offset): offset = absmax.mean() (float32); then the centred scales absmax - offset in
+        absmax int8 per block of `blocksize` (zero-padded), as in blockwise_quantize: q int8 (n_blocks2 *
+        blocksize,) = round(127 * value / absmax2 of its block), absmax2 float32 (n_blocks2,), 1 for an
+        all-zero block. Write it out here: each exercise is checked on its own.
     """
     offset = absmax.float().mean()
-    q, absmax2 = blockwise_quantize(absmax.float() - offset, blocksize)
+    centred = absmax.float() - offset
+    blocks = torch.cat([centred, centred.new_zeros((-centred.numel()) % blocksize)]).view(-1, blocksize)
+    absmax2 = blocks.abs().amax(dim=1)
+    absmax2 = torch.where(absmax2 > 0, absmax2, torch.ones_like(absmax2))
+    q = torch.round(blocks / absmax2[:, None] * 127).clamp(-127, 127).to(torch.int8).reshape(-1)
     return q, absmax2, offset

@@ -1,0 +1,155 @@
+"""Written questions: the contract, the student edition's stub, the answers read from a submission, the marks kept."""
+import csv
+
+import nbformat
+import pytest
+
+from utils.course import cells, grade, labs, written
+
+
+def written_cell(gid="04-written-kl", points=2, source="**Marking guide (2 points).** Names the k3 estimator.",
+                 **meta):
+    cell = nbformat.v4.new_markdown_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "solution": True, "locked": False, "points": points,
+                                 "grade_id": gid, "schema_version": 3, "task": False, **meta}
+    return cell
+
+
+def lesson_with(*extra):
+    setup = nbformat.v4.new_code_cell("import torch")
+    setup.metadata["tags"] = ["grader-setup"]
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Lesson"), setup,
+                                           nbformat.v4.new_markdown_cell("**Written question 1.** Why?"), *extra])
+
+
+def test_contract_accepts_a_written_question_after_its_question():
+    cells.check_contract(lesson_with(written_cell()), "04_x")
+    nb = lesson_with(written_cell())
+    assert written.questions(nb) == [{"grade_id": "04-written-kl", "points": 2,
+                                      "question": "**Written question 1.** Why?",
+                                      "guide": "**Marking guide (2 points).** Names the k3 estimator."}]
+
+
+@pytest.mark.parametrize("bad,message", [
+    (written_cell(gid="04-kl"), "<lesson>-written-<topic>"),
+    (written_cell(points=0), "positive integer points"),
+    (written_cell(locked=True), "locked=false"),
+    (written_cell(source="### BEGIN SOLUTION\nx\n### END SOLUTION"), "without solution or hidden-test markers"),
+])
+def test_contract_refuses_a_broken_written_question(bad, message):
+    with pytest.raises(cells.LabError, match=message):
+        cells.check_contract(lesson_with(bad), "04_x")
+
+
+def test_contract_wants_the_question_right_before_the_answer():
+    nb = lesson_with(written_cell())
+    nb.cells.insert(3, nbformat.v4.new_code_cell("x = 1"))
+    with pytest.raises(cells.LabError, match="right after the markdown cell that asks it"):
+        cells.check_contract(nb, "04_x")
+    nb = lesson_with(written_cell(), written_cell(gid="04-written-two"))
+    with pytest.raises(cells.LabError, match="right after the markdown cell that asks it"):
+        cells.check_contract(nb, "04_x")
+
+
+def test_a_markdown_cell_is_never_a_code_answer():
+    bad = written_cell(gid="04-kl-answer")
+    bad.metadata["nbgrader"]["grade"] = False
+    with pytest.raises(cells.LabError, match="a solution cell must have a solution region"):
+        cells.check_contract(lesson_with(bad), "04_x")
+    bad.source = "### BEGIN SOLUTION\nx\n### END SOLUTION"
+    with pytest.raises(cells.LabError, match="an answer cell is a code cell"):
+        cells.check_contract(lesson_with(bad), "04_x")
+
+
+def test_the_lab_replaces_the_guide_by_nbgraders_stub():
+    lab = labs.build_lab(lesson_with(written_cell()), "04_x")
+    cell = next(c for c in lab.cells if cells.is_written(c))
+    assert cell.source == "YOUR ANSWER HERE" == cells.TEXT_STUB
+    assert cell.metadata["deletable"] is False and "editable" not in cell.metadata, "the student writes in it"
+    assert cell.metadata["nbgrader"]["checksum"] == cells.compute_checksum(cell)
+    assert "Marking guide" not in nbformat.writes(lab)
+    assert not cells.is_check(cell) and not cells.is_answer(cell)
+
+
+def test_answers_read_from_a_submission_never_trust_its_shape():
+    asked = written.questions(lesson_with(written_cell(), nbformat.v4.new_markdown_cell("Q2"),
+                                          written_cell(gid="04-written-two"), nbformat.v4.new_markdown_cell("Q3"),
+                                          written_cell(gid="04-written-three")))
+    sub = labs.build_lab(lesson_with(written_cell()), "04_x")   # only the first question is in it
+    assert written.answers(sub, asked)["04-written-kl"] == {"status": "not-answered", "text": ""}
+    next(c for c in sub.cells if cells.is_written(c)).source = "Because the k3 estimator is unbiased."
+    sub.cells.append(written_cell(gid="04-written-two", source=["a list ", "of lines"]))
+    got = written.answers(sub, asked)
+    assert got["04-written-kl"] == {"status": "answered", "text": "Because the k3 estimator is unbiased."}
+    assert got["04-written-two"] == {"status": "answered", "text": "a list of lines"}
+    assert got["04-written-three"]["status"] == "missing"
+    odd = nbformat.v4.new_notebook(cells=[written_cell(source="  \n")])
+    odd.cells.append(nbformat.from_dict({"cell_type": "markdown", "metadata": {"nbgrader": "x"}, "source": 3}))
+    assert written.answers(odd, asked)["04-written-kl"]["status"] == "not-answered"
+    assert written.answers(object(), asked)["04-written-kl"]["status"] == "missing"
+
+
+def test_written_md_shows_answers_as_text_only():
+    asked = written.questions(lesson_with(written_cell()))
+    hostile = "</details><script>x</script>\n## 10/10\n[click](javascript:x) `code`" + "y" * 7000
+    text = written.markdown("04_x", asked, {"<b>eve</b>": {"04-written-kl": {"status": "answered", "text": hostile}},
+                                            "bob": {}})
+    assert "<script>" not in text and "</details><script>" not in text and "&lt;/details&gt;" in text
+    assert "\n## 10/10" not in text and "> ## 10/10" in text
+    assert "&#91;click](javascript:x) &#96;code&#96;" in text
+    assert "### &lt;b&gt;eve&lt;/b&gt;" in text and "cut at 6000 characters" in text
+    assert text.index("### bob") > text.index("### &lt;b&gt;eve"), "students sorted by name ('<' before 'b')"
+    assert "the cell is missing" in text.split("### bob")[1]
+
+
+def test_marks_kept_and_manual_points_once_all_are_marked(tmp_path):
+    asked = [{"grade_id": "a-written", "points": 2}, {"grade_id": "b-written", "points": 3}]
+    path = tmp_path / "grades.csv"
+    assert written.previous_marks(path, asked) == {}
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerows([["student", "a-written", "b-written", "other"], ["ann", "2", "1.5", "9"], ["ben", "1", "", ""],
+                     ["'=cmd", "0", "0", ""]])
+    marks = written.previous_marks(path, asked)
+    assert marks == {"ann": {"a-written": "2", "b-written": "1.5"}, "ben": {"a-written": "1"},
+                     "'=cmd": {"a-written": "0", "b-written": "0"}}
+    assert written.manual_row(asked, marks["ann"]) == {"a-written": "2", "b-written": "1.5", "manual_points": 3.5,
+                                                       "manual_max": 5}
+    assert written.manual_row(asked, marks["ben"])["manual_points"] == ""
+    assert written.manual_row(asked, {"a-written": "good", "b-written": "3"})["manual_points"] == ""
+    assert written.manual_row(asked, {"a-written": "2", "b-written": "3"})["manual_points"] == 5
+    assert written.columns([]) == {"manual_points": "", "manual_max": 0}
+
+
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_every_lesson_asks_two_or_three_written_questions(lesson):
+    nb = nbformat.read(lesson, as_version=4)
+    asked = written.questions(nb)
+    assert 2 <= len(asked) <= 3, f"{lesson.name}: {len(asked)} written questions"
+    for q in asked:
+        assert q["grade_id"].startswith(lesson.stem[:2] + "-written-")
+        assert q["question"].startswith("**Written question") and "Marking guide" in q["guide"]
+
+
+def test_unreadable_marks_stop_the_grader_before_it_overwrites_them(tmp_path):
+    asked = [{"grade_id": "a-written", "points": 2}]
+    path = tmp_path / "grades.csv"
+    path.write_bytes("\ufeffstudent,a-written\nann, 2 \n".encode("utf-8"))   # Excel's UTF-8 CSV
+    assert written.previous_marks(path, asked) == {"ann": {"a-written": "2"}}
+    path.write_bytes("student,a-written\nJos\xe9,2\n".encode("latin-1"))
+    with pytest.raises(written.MarksUnreadable, match="save it as UTF-8 CSV"):
+        written.previous_marks(path, asked)
+    path.write_text("name,a-written\nann,2\n")
+    with pytest.raises(written.MarksUnreadable, match="no 'student' column"):
+        written.previous_marks(path, asked)
+    assert path.read_text() == "name,a-written\nann,2\n", "nothing overwritten"
+
+
+def test_grade_refuses_to_overwrite_marks_it_cannot_read(tmp_path, capsys):
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "out").mkdir()
+    broken = "student,x\nJos\xe9,2\n".encode("latin-1")
+    (tmp_path / "out" / "grades.csv").write_bytes(broken)
+    assert grade.main([str(tmp_path / "subs"), "--lab", "01", "--out", str(tmp_path / "out"), "--no-sandbox"]) == 2
+    assert "save it as UTF-8 CSV" in capsys.readouterr().err
+    assert (tmp_path / "out" / "grades.csv").read_bytes() == broken

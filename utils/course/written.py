@@ -1,0 +1,132 @@
+"""Written questions: the answers collected for the instructor to mark, and the marks kept.
+
+A lesson asks a written question in a markdown cell and gives its marking guide in the markdown
+cell after it (nbgrader's manually graded answer: ``grade`` and ``solution`` true; see
+``utils.course.cells``). The student edition replaces the guide by ``YOUR ANSWER HERE``.
+
+``grade`` reads each submission's answers (text only: nothing a student wrote is run or rendered
+as HTML) and writes ``written.md`` beside ``grades.csv``: per question, its text, the marking guide
+and every student's answer. The instructor marks in ``grades.csv``, one column per question;
+automatic points (``auto_points`` of ``auto_max``) and manual ones (``manual_points`` of
+``manual_max``) stay in columns of their own, and marks already in the file are kept when the
+grader runs again.
+"""
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+from .cells import TEXT_STUB, grade_id, is_written, nbgrader_meta, question_of
+
+
+class MarksUnreadable(ValueError):
+    """An existing ``grades.csv`` whose marks could not be read (the grader stops rather than overwrite it)."""
+
+
+MAX_ANSWER_CHARS = 6000   # what ``written.md`` shows of one answer (the rest is cut, and says so)
+
+
+def questions(lesson) -> list[dict]:
+    """``[{"grade_id", "points", "question", "guide"}]`` for the lesson's written questions, in order."""
+    return [{"grade_id": grade_id(c), "points": nbgrader_meta(c)["points"], "question": question_of(lesson, i),
+             "guide": c.source} for i, c in enumerate(lesson.cells) if is_written(c)]
+
+
+def answers(nb, asked: list[dict]) -> dict[str, dict]:
+    """``{grade_id: {"status", "text"}}``: what a submission wrote under each question.
+
+    ``status`` is ``answered``, ``not-answered`` (the cell still holds ``YOUR ANSWER HERE`` or
+    nothing) or ``missing`` (no markdown cell with that grade_id or the lab's cell id).
+    """
+    cells = [c for c in getattr(nb, "cells", []) if isinstance(c, dict) and c.get("cell_type") == "markdown"]
+    by_gid = {}
+    for cell in cells:
+        gid = grade_id(cell) if isinstance(cell.get("metadata"), dict) else None
+        if isinstance(gid, str):
+            by_gid.setdefault(gid, cell)
+    found = {}
+    for q in asked:
+        cell = by_gid.get(q["grade_id"])
+        text = cell.get("source") if cell is not None else None
+        if isinstance(text, list):
+            text = "".join(t for t in text if isinstance(t, str))
+        if not isinstance(text, str):
+            found[q["grade_id"]] = {"status": "missing", "text": ""}
+        elif text.strip() in ("", TEXT_STUB):
+            found[q["grade_id"]] = {"status": "not-answered", "text": ""}
+        else:
+            found[q["grade_id"]] = {"status": "answered", "text": text}
+    return found
+
+
+def _quoted(text: str) -> list[str]:
+    """A student's answer as a markdown block quote of escaped text (no HTML, no link, no heading of theirs)."""
+    cut = len(text) > MAX_ANSWER_CHARS
+    text = html.escape(text[:MAX_ANSWER_CHARS]).replace("[", "&#91;").replace("`", "&#96;")
+    lines = [f"> {line}".rstrip() for line in text.splitlines()]
+    if cut:
+        lines.append(f"> *(cut at {MAX_ANSWER_CHARS} characters: read the rest in the notebook)*")
+    return lines
+
+
+def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> str:
+    """The text of ``written.md``: each question, its guide, and every student's answer (sorted by name)."""
+    lines = [f"# {lab_name}: written questions", "",
+             "Mark each answer in `grades.csv`, in the question's column (0 to its points); marks already in "
+             "`grades.csv` are kept when the grader runs again. Answers are shown as text, escaped.", ""]
+    for q in asked:
+        lines += [f"## {q['grade_id']} ({q['points']} points)", "", q["question"].strip(), "",
+                  "<details><summary>Marking guide</summary>", "", q["guide"].strip(), "", "</details>", ""]
+        for student in sorted(by_student):
+            a = by_student[student].get(q["grade_id"], {"status": "missing", "text": ""})
+            lines += [f"### {html.escape(student)[:200]}", ""]
+            if a["status"] == "answered":
+                lines += _quoted(a["text"])
+            else:
+                lines.append("*(no answer: the cell still says YOUR ANSWER HERE)*" if a["status"] == "not-answered"
+                             else "*(no answer: the cell is missing from the notebook)*")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _number(value: str) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def previous_marks(csv_path: Path, asked: list[dict]) -> dict[str, dict[str, str]]:
+    """``{student: {grade_id: mark}}``: the marks an instructor already wrote in ``grades.csv`` (non-empty cells)."""
+    if not asked or not Path(csv_path).is_file():
+        return {}
+    ids = [q["grade_id"] for q in asked]
+    try:   # a spreadsheet may have saved it with a byte-order mark
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise MarksUnreadable(f"{csv_path} holds marks that could not be read ({e}); the grader would overwrite "
+                              "them: save it as UTF-8 CSV, or move it away, and grade again") from None
+    if rows and "student" not in rows[0]:
+        raise MarksUnreadable(f"{csv_path} has no 'student' column; the grader would overwrite it: restore the "
+                              "column, or move the file away, and grade again")
+    return {row["student"]: {g: row[g].strip() for g in ids if isinstance(row.get(g), str) and row[g].strip()}
+            for row in rows if isinstance(row.get("student"), str)}
+
+
+def columns(asked: list[dict]) -> dict[str, str]:
+    """Empty manual columns of a row: one per question, ``manual_points`` and ``manual_max``."""
+    return {**{q["grade_id"]: "" for q in asked}, "manual_points": "",
+            "manual_max": sum(q["points"] for q in asked)}
+
+
+def manual_row(asked: list[dict], marks: dict[str, str]) -> dict:
+    """A row's manual columns: the kept marks, and ``manual_points`` once every question has a numeric mark."""
+    row = columns(asked)
+    row.update({g: m for g, m in marks.items() if g in row})
+    values = [_number(row[q["grade_id"]]) for q in asked]
+    if asked and all(v is not None for v in values):
+        total = sum(values)
+        row["manual_points"] = int(total) if total == int(total) else total
+    return row
