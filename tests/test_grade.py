@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from tests import grading_fixtures
-from utils.course import grade, grading, labs, submissions, written
+from utils.course import cells, grade, grading, labs, submissions, written
 
 EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
 
@@ -27,7 +27,8 @@ def graded(tmp_path_factory):
     asked = written.questions(nbformat.read(grading_fixtures.LESSON, as_version=4))
     (root / "out").mkdir()
     (root / "out" / "grades.csv").write_text("student,lab," + ",".join(q["grade_id"] for q in asked) + "\n"
-                                             + "alice,x," + ",".join("2" for _ in asked) + "\nbob,x,1\n")
+                                             + "alice,01_sft_from_scratch," + ",".join("2" for _ in asked)
+                                             + "\nbob,01_sft_from_scratch,1\n")
     rows = grade.grade_folder(subs, "01", root / "out", jobs=2, timeout=120, cell_timeout=8, progress=lambda *_: None)
     return {"root": root, "subs": subs, "out": root / "out", "rows": rows, "before": before}
 
@@ -85,6 +86,17 @@ def test_grading_notebook_restores_checks_and_keeps_hidden_tests():
     assert not any("train_by_hand" in c.source for c in gnb.cells), "never the student's training"
 
 
+def test_a_check_as_nbgraders_release_shows_it_is_not_modified():
+    # nbgrader's release keeps CI's "# NBVAL_CHECK_OUTPUT" lines, which our lab leaves out: same check
+    lesson = nbformat.read(grading_fixtures.LESSON, as_version=4)
+    sub = labs.lab_for(grading_fixtures.LESSON)
+    ref = next(c for c in lesson.cells if cells.grade_id(c) == "01-causal-loss")
+    assert "# NBVAL_CHECK_OUTPUT" in ref.source
+    next(c for c in sub.cells if cells.grade_id(c) == "01-causal-loss").source = cells.remove_hidden_tests(ref.source)
+    _, integrity = grading.grading_notebook(lesson, sub, labs.lab_for(grading_fixtures.LESSON))
+    assert not [i for i in integrity if i["flag"] == "modified"], integrity
+
+
 @pytest.mark.slow
 def test_grades_match_the_expected_csv(graded):
     got = list(csv.DictReader((graded["out"] / "grades.csv").open()))
@@ -108,6 +120,7 @@ def test_written_answers_collected_for_the_instructor(graded):
     assert rows["alice"]["manual_points"] == str(2 * len(asked)) and rows["bob"]["manual_points"] == "", \
         "marks kept from the earlier grades.csv; a total only once every question is marked"
     assert rows["bob"][asked[0]["grade_id"]] == "1" and rows["carol"]["manual_max"] == str(sum(q["points"] for q in asked))
+    assert len(list(graded["out"].glob("grades.csv.bak-*"))) == 1, "the file the marks were typed in is kept"
 
 
 @pytest.mark.slow

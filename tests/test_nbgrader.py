@@ -46,7 +46,7 @@ def test_nbgrader_release_matches_our_lab(nbgrader, lesson):
     for gid, cell in theirs.items():
         assert "BEGIN SOLUTION" not in cell.source and "HIDDEN TESTS" not in cell.source
         if cells.is_grade(cell):
-            # ours leaves out CI's regression markers (labs.TOOLING_MARKERS), nbgrader keeps every line
+            # ours leaves out CI's regression markers (cells.TOOLING_MARKERS), nbgrader keeps every line
             assert labs.strip_tooling_markers(cell.source) == ours[gid].source, \
                 f"{gid}: nbgrader's student check differs from ours"
             if cell.source == ours[gid].source:

@@ -1,5 +1,6 @@
 """Written questions: the contract, the student edition's stub, the answers read from a submission, the marks kept."""
 import csv
+import json
 
 import nbformat
 import pytest
@@ -27,7 +28,8 @@ def test_contract_accepts_a_written_question_after_its_question():
     nb = lesson_with(written_cell())
     assert written.questions(nb) == [{"grade_id": "04-written-kl", "points": 2,
                                       "question": "**Written question 1.** Why?",
-                                      "guide": "**Marking guide (2 points).** Names the k3 estimator."}]
+                                      "guide": "**Marking guide (2 points).** Names the k3 estimator.",
+                                      "cell_id": nb.cells[-1].id}]
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -83,6 +85,13 @@ def test_answers_read_from_a_submission_never_trust_its_shape():
     assert got["04-written-kl"] == {"status": "answered", "text": "Because the k3 estimator is unbiased."}
     assert got["04-written-two"] == {"status": "answered", "text": "a list of lines"}
     assert got["04-written-three"]["status"] == "missing"
+    stripped = written_cell(gid="x", source="An answer whose metadata an editor dropped")
+    stripped.metadata = {}
+    stripped.id = asked[2]["cell_id"]
+    lone = written_cell(gid="04-written-two", source=json.loads('"half a pair \\ud800 of surrogates"'))
+    got = written.answers(nbformat.v4.new_notebook(cells=[stripped, lone]), asked)
+    assert got["04-written-three"]["text"] == "An answer whose metadata an editor dropped", "found by the lab's cell id"
+    assert got["04-written-two"]["text"].encode("utf-8"), "always valid UTF-8 (written.md can be written)"
     odd = nbformat.v4.new_notebook(cells=[written_cell(source="  \n")])
     odd.cells.append(nbformat.from_dict({"cell_type": "markdown", "metadata": {"nbgrader": "x"}, "source": 3}))
     assert written.answers(odd, asked)["04-written-kl"]["status"] == "not-answered"
@@ -99,25 +108,29 @@ def test_written_md_shows_answers_as_text_only():
     assert "&#91;click](javascript:x) &#96;code&#96;" in text
     assert "### &lt;b&gt;eve&lt;/b&gt;" in text and "cut at 6000 characters" in text
     assert text.index("### bob") > text.index("### &lt;b&gt;eve"), "students sorted by name ('<' before 'b')"
-    assert "the cell is missing" in text.split("### bob")[1]
+    assert "no answer found" in text.split("### bob")[1]
+    names = written.markdown("04_x", asked, {"x](http://e)\n# 10/10 ![img](http://h/i.png)": {}})
+    assert "\n# 10/10" not in names and "](http" not in names and "![" not in names
 
 
 def test_marks_kept_and_manual_points_once_all_are_marked(tmp_path):
     asked = [{"grade_id": "a-written", "points": 2}, {"grade_id": "b-written", "points": 3}]
     path = tmp_path / "grades.csv"
-    assert written.previous_marks(path, asked) == {}
+    assert written.previous_marks(path, asked) == ({}, [])
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerows([["student", "a-written", "b-written", "other"], ["ann", "2", "1.5", "9"], ["ben", "1", "", ""],
                      ["'=cmd", "0", "0", ""]])
-    marks = written.previous_marks(path, asked)
+    marks, notes = written.previous_marks(path, asked)
     assert marks == {"ann": {"a-written": "2", "b-written": "1.5"}, "ben": {"a-written": "1"},
-                     "'=cmd": {"a-written": "0", "b-written": "0"}}
+                     "'=cmd": {"a-written": "0", "b-written": "0"}} and notes == []
     assert written.manual_row(asked, marks["ann"]) == {"a-written": "2", "b-written": "1.5", "manual_points": 3.5,
                                                        "manual_max": 5}
     assert written.manual_row(asked, marks["ben"])["manual_points"] == ""
     assert written.manual_row(asked, {"a-written": "good", "b-written": "3"})["manual_points"] == ""
     assert written.manual_row(asked, {"a-written": "2", "b-written": "3"})["manual_points"] == 5
+    for bad in ("nan", "inf", "1e999", "-1", "2.5"):   # never a crash, never counted (2.5 > the 2 points)
+        assert written.manual_row(asked, {"a-written": bad, "b-written": "3"})["manual_points"] == "", bad
     assert written.columns([]) == {"manual_points": "", "manual_max": 0}
 
 
@@ -135,7 +148,7 @@ def test_unreadable_marks_stop_the_grader_before_it_overwrites_them(tmp_path):
     asked = [{"grade_id": "a-written", "points": 2}]
     path = tmp_path / "grades.csv"
     path.write_bytes("\ufeffstudent,a-written\nann, 2 \n".encode("utf-8"))   # Excel's UTF-8 CSV
-    assert written.previous_marks(path, asked) == {"ann": {"a-written": "2"}}
+    assert written.previous_marks(path, asked) == ({"ann": {"a-written": "2"}}, [])
     path.write_bytes("student,a-written\nJos\xe9,2\n".encode("latin-1"))
     with pytest.raises(written.MarksUnreadable, match="save it as UTF-8 CSV"):
         written.previous_marks(path, asked)
@@ -153,3 +166,15 @@ def test_grade_refuses_to_overwrite_marks_it_cannot_read(tmp_path, capsys):
     assert grade.main([str(tmp_path / "subs"), "--lab", "01", "--out", str(tmp_path / "out"), "--no-sandbox"]) == 2
     assert "save it as UTF-8 CSV" in capsys.readouterr().err
     assert (tmp_path / "out" / "grades.csv").read_bytes() == broken
+
+
+def test_marks_of_another_lab_or_of_two_students_under_one_name(tmp_path):
+    asked = [{"grade_id": "a-written", "points": 2}]
+    path = tmp_path / "grades.csv"
+    path.write_text("student,lab,a-written\nann,06_quantization,2\n")
+    with pytest.raises(written.MarksUnreadable, match="not '01_sft_from_scratch'"):
+        written.previous_marks(path, asked, "01_sft_from_scratch")
+    path.write_text("student,lab,a-written\nann,01_x,2\nann,01_x,1\nbob,01_x,2\nbob,01_x,2\n")
+    marks, notes = written.previous_marks(path, asked, "01_x")
+    assert marks == {"bob": {"a-written": "2"}} and notes == ["'ann' is on two rows of the old grades.csv with "
+                                                              "different marks: neither carried"]

@@ -89,6 +89,15 @@ def grade_id(cell) -> str | None:
 
 
 # ----------------------------------------------------------------------------- source rewriting
+# Lines that only the project's CI reads (nbval's regression marker): a student edition leaves them out.
+TOOLING_MARKERS = ("# NBVAL_CHECK_OUTPUT",)
+
+
+def strip_tooling_markers(source: str) -> str:
+    """``source`` without its lines that are only a test-tooling marker (:data:`TOOLING_MARKERS`)."""
+    return "\n".join(line for line in source.split("\n") if line.strip() not in TOOLING_MARKERS)
+
+
 def _regions(lines: list[str], begin: str, end: str, where: str) -> list[tuple[int, int]]:
     """(begin line, end line) index pairs of the delimited regions; LabError when unbalanced."""
     regions, start = [], None

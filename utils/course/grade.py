@@ -46,6 +46,7 @@ import html
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -263,12 +264,14 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
                 for c in lesson.cells if is_check(c)}}
         else:
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
-            result = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box, lesson_number(lab_name))
+            answered = written.answers(nb, written.questions(lesson))   # read first: a grading error keeps them
+            result = {"written": answered}
+            result = {**grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box,
+                                       lesson_number(lab_name)), "written": answered}
             if theirs and theirs != lab_name:
                 result["wrong-lab"] = theirs
             records, figures, problems = self_reported(nb)
-            result.update(records=records, figures=len(figures), result_problems=problems,
-                          written=written.answers(nb, written.questions(lesson)))
+            result.update(records=records, figures=len(figures), result_problems=problems)
             fig_dir = out / "feedback" / safe
             for i, png in enumerate(figures):
                 fig_dir.mkdir(parents=True, exist_ok=True)
@@ -341,9 +344,15 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     asked = written.questions(lesson)
     columns = ["student", "lab", "file", *check_ids, "auto_points", "auto_max", *written.columns(asked), "flags",
                *META_KEYS]
-    rows, lock, answers = [], threading.Lock(), {}
+    rows, lock, answers, used = [], threading.Lock(), {}, set()
     csv_path = out / "grades.csv"
-    marks = written.previous_marks(csv_path, asked)   # an instructor's marks survive a new run
+    marks, notes = written.previous_marks(csv_path, asked, lab_name)   # an instructor's marks survive a new run
+    if marks:   # and a copy of the file they were typed in stays, whatever happens to this run
+        backup = csv_path.with_name(f"grades.csv.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.copy2(csv_path, backup)
+        notes.append(f"marks kept from {csv_path.name} (a copy: {backup.name})")
+    for note in notes:
+        progress(note)
     write_csv(rows, columns, csv_path)
     progress(f"grading {len(subs)} submission(s) of {lab_name} from {folder} ({jobs} at a time) ...")
     progress(f"sandbox: bubblewrap; {box.describe()}" if box else
@@ -363,11 +372,15 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
         row.update(written.manual_row(asked, marks.get(_cell_text(row["student"]), {})))
         with lock:
             rows.append(row)
-            key = row["student"] if row["student"] not in answers else f"{row['student']} ({sub.get('safe')})"
-            answers[key] = row.pop("_written", {})
+            used.add(_cell_text(row["student"]))
+            name = row["student"] if not row.get("file") else f"{row['student']} ({row['file']})"
+            answers[name] = row.pop("_written", {})
             write_csv(rows, columns, csv_path)
             if asked:
-                (out / "written.md").write_text(written.markdown(lab_name, asked, answers), encoding="utf-8")
+                try:
+                    (out / "written.md").write_text(written.markdown(lab_name, asked, answers), encoding="utf-8")
+                except (OSError, UnicodeError) as e:   # never stops the batch: grades.csv is written
+                    progress(f"  written.md could not be written ({type(e).__name__}: {str(e)[:200]})")
             progress(f"  {row['student']:<20} {row['auto_points']:>3} / {row['auto_max']:<3} "
                      f"{time.perf_counter() - t:6.1f} s  {row['flags']}".rstrip())
         return row
@@ -377,6 +390,8 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
             list(pool.map(work, subs))
     finally:
         remove_scratch(tmp)
+    for student in sorted(set(marks) - used):
+        progress(f"marks of {student!r} not carried: no submission under that name this time (see the copy)")
     wrote = f"{csv_path}, {out / 'written.md'} (written answers to mark in grades.csv)" if asked else str(csv_path)
     progress(f"wrote {wrote} and {out / 'feedback'}/" + ("" if box else " (UNSANDBOXED)"))
     return sorted(rows, key=lambda r: r["student"])

@@ -22,7 +22,7 @@ import nbformat
 
 from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
 from . import sandbox as sb
-from .cells import compute_checksum, grade_id, is_answer, is_check
+from .cells import compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
 from .lessons import own_cells
 
 KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
@@ -110,7 +110,7 @@ def grading_notebook(lesson, answers, lab):
                                   "detail": "graded check deleted; restored from the lesson"})
             else:
                 theirs = copy.deepcopy(ref)
-                theirs.source = sub.source
+                theirs.source = strip_tooling_markers(sub.source)   # an nbgrader release keeps CI's markers
                 if compute_checksum(theirs) != ref.metadata.nbgrader["checksum"]:
                     integrity.append({"flag": "modified", "grade_id": gid,
                                       "detail": "graded check changed (checksum differs); restored from the lesson"})

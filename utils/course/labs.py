@@ -42,6 +42,7 @@ from .cells import (
     is_check,
     is_written,
     remove_hidden_tests,
+    strip_tooling_markers,
     stub_solutions,
 )
 from .lessons import find_lessons, lesson_number
@@ -66,15 +67,6 @@ INSTRUCTIONS = """\
 
 
 # ----------------------------------------------------------------------------- building labs
-# Lines that only the project's CI reads (nbval's regression marker): a student edition leaves them out.
-TOOLING_MARKERS = ("# NBVAL_CHECK_OUTPUT",)
-
-
-def strip_tooling_markers(source: str) -> str:
-    """``source`` without its lines that are only a test-tooling marker (:data:`TOOLING_MARKERS`)."""
-    return "\n".join(line for line in source.split("\n") if line.strip() not in TOOLING_MARKERS)
-
-
 def _clean_cell(cell) -> None:
     """Outputs, execution counts, run metadata (papermill, execution timings) and CI's markers removed."""
     if cell.cell_type == "code":

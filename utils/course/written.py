@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import html
+import math
 from pathlib import Path
 
 from .cells import TEXT_STUB, grade_id, is_written, nbgrader_meta, question_of
@@ -28,9 +29,9 @@ MAX_ANSWER_CHARS = 6000   # what ``written.md`` shows of one answer (the rest is
 
 
 def questions(lesson) -> list[dict]:
-    """``[{"grade_id", "points", "question", "guide"}]`` for the lesson's written questions, in order."""
+    """``[{"grade_id", "points", "question", "guide", "cell_id"}]`` for the lesson's written questions, in order."""
     return [{"grade_id": grade_id(c), "points": nbgrader_meta(c)["points"], "question": question_of(lesson, i),
-             "guide": c.source} for i, c in enumerate(lesson.cells) if is_written(c)]
+             "guide": c.source, "cell_id": c.get("id")} for i, c in enumerate(lesson.cells) if is_written(c)]
 
 
 def answers(nb, asked: list[dict]) -> dict[str, dict]:
@@ -40,14 +41,15 @@ def answers(nb, asked: list[dict]) -> dict[str, dict]:
     nothing) or ``missing`` (no markdown cell with that grade_id or the lab's cell id).
     """
     cells = [c for c in getattr(nb, "cells", []) if isinstance(c, dict) and c.get("cell_type") == "markdown"]
-    by_gid = {}
+    by_key = {}
     for cell in cells:
         gid = grade_id(cell) if isinstance(cell.get("metadata"), dict) else None
-        if isinstance(gid, str):
-            by_gid.setdefault(gid, cell)
+        for key in (gid, cell.get("id")):   # the grade_id, else the lab's cell id (metadata stripped by an editor)
+            if isinstance(key, str):
+                by_key.setdefault(key, cell)
     found = {}
     for q in asked:
-        cell = by_gid.get(q["grade_id"])
+        cell = by_key.get(q["grade_id"]) or by_key.get(q.get("cell_id"))
         text = cell.get("source") if cell is not None else None
         if isinstance(text, list):
             text = "".join(t for t in text if isinstance(t, str))
@@ -55,7 +57,8 @@ def answers(nb, asked: list[dict]) -> dict[str, dict]:
             found[q["grade_id"]] = {"status": "missing", "text": ""}
         elif text.strip() in ("", TEXT_STUB):
             found[q["grade_id"]] = {"status": "not-answered", "text": ""}
-        else:
+        else:   # kept short, and valid UTF-8 (a lone surrogate from the JSON would stop written.md being written)
+            text = text[:MAX_ANSWER_CHARS + 1].encode("utf-8", "replace").decode("utf-8")
             found[q["grade_id"]] = {"status": "answered", "text": text}
     return found
 
@@ -70,6 +73,14 @@ def _quoted(text: str) -> list[str]:
     return lines
 
 
+def _name(student: str) -> str:
+    """A student's name (from a file name) as one line of plain text: escaped, no link, image or line break."""
+    text = html.escape(str(student)[:200]).encode("utf-8", "replace").decode("utf-8")
+    for ch, code in (("[", "&#91;"), ("]", "&#93;"), ("`", "&#96;"), ("!", "&#33;"), ("*", "&#42;"), ("_", "&#95;")):
+        text = text.replace(ch, code)
+    return " ".join(text.split()) or "(no name)"
+
+
 def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> str:
     """The text of ``written.md``: each question, its guide, and every student's answer (sorted by name)."""
     lines = [f"# {lab_name}: written questions", "",
@@ -80,27 +91,35 @@ def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> s
                   "<details><summary>Marking guide</summary>", "", q["guide"].strip(), "", "</details>", ""]
         for student in sorted(by_student):
             a = by_student[student].get(q["grade_id"], {"status": "missing", "text": ""})
-            lines += [f"### {html.escape(student)[:200]}", ""]
+            lines += [f"### {_name(student)}", ""]
             if a["status"] == "answered":
                 lines += _quoted(a["text"])
             else:
                 lines.append("*(no answer: the cell still says YOUR ANSWER HERE)*" if a["status"] == "not-answered"
-                             else "*(no answer: the cell is missing from the notebook)*")
+                             else "*(no answer found: the cell is missing, or the notebook could not be read)*")
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _number(value: str) -> float | None:
+def _number(value: str, points: int) -> float | None:
+    """A mark as a number from 0 to ``points``, or None (text, nan, inf, out of range: not counted)."""
     try:
-        return float(value)
+        v = float(value)
     except (TypeError, ValueError):
         return None
+    return v if math.isfinite(v) and 0 <= v <= points else None
 
 
-def previous_marks(csv_path: Path, asked: list[dict]) -> dict[str, dict[str, str]]:
-    """``{student: {grade_id: mark}}``: the marks an instructor already wrote in ``grades.csv`` (non-empty cells)."""
+def previous_marks(csv_path: Path, asked: list[dict], lab_name: str | None = None
+                   ) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """``({student: {grade_id: mark}}, notes)``: the marks an instructor already wrote in ``grades.csv``.
+
+    Raises :class:`MarksUnreadable` when the file cannot be read as CSV, has no ``student`` column or
+    is another lab's (the grader would overwrite it). A name on two rows with different marks (two
+    submissions under one name) carries none of them, and ``notes`` says so.
+    """
     if not asked or not Path(csv_path).is_file():
-        return {}
+        return {}, []
     ids = [q["grade_id"] for q in asked]
     try:   # a spreadsheet may have saved it with a byte-order mark
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
@@ -111,8 +130,23 @@ def previous_marks(csv_path: Path, asked: list[dict]) -> dict[str, dict[str, str
     if rows and "student" not in rows[0]:
         raise MarksUnreadable(f"{csv_path} has no 'student' column; the grader would overwrite it: restore the "
                               "column, or move the file away, and grade again")
-    return {row["student"]: {g: row[g].strip() for g in ids if isinstance(row.get(g), str) and row[g].strip()}
-            for row in rows if isinstance(row.get("student"), str)}
+    labs = {row.get("lab") for row in rows} - {None, ""}
+    if lab_name and labs and labs != {lab_name}:
+        raise MarksUnreadable(f"{csv_path} holds grades of {sorted(labs)}, not {lab_name!r}: grade into another "
+                              "--out folder")
+    marks, notes, seen, conflicted = {}, [], {}, set()
+    for row in rows:
+        if not isinstance(row.get("student"), str):
+            continue
+        got = {g: row[g].strip() for g in ids if isinstance(row.get(g), str) and row[g].strip()}
+        student = row["student"]
+        if student in seen and seen[student] != got and student not in conflicted:
+            conflicted.add(student)
+            notes.append(f"{student!r} is on two rows of the old grades.csv with different marks: neither carried")
+        seen[student] = got
+        if got:
+            marks[student] = got
+    return {k: v for k, v in marks.items() if k not in conflicted}, notes
 
 
 def columns(asked: list[dict]) -> dict[str, str]:
@@ -125,7 +159,7 @@ def manual_row(asked: list[dict], marks: dict[str, str]) -> dict:
     """A row's manual columns: the kept marks, and ``manual_points`` once every question has a numeric mark."""
     row = columns(asked)
     row.update({g: m for g, m in marks.items() if g in row})
-    values = [_number(row[q["grade_id"]]) for q in asked]
+    values = [_number(row[q["grade_id"]], q["points"]) for q in asked]
     if asked and all(v is not None for v in values):
         total = sum(values)
         row["manual_points"] = int(total) if total == int(total) else total
