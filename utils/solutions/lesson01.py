@@ -88,8 +88,9 @@ def sft_step(model, batch, optimizer, loss_fn, lr, max_grad_norm=1.0, scaler=Non
         scaler: a torch.amp.GradScaler (fp16 training) or None. With one, backpropagate
             scaler.scale(loss), unscale the gradients (scaler.unscale_) before clipping, step with
             scaler.step(optimizer) and call scaler.update().
-        amp_dtype: None, or the dtype (torch.float16 / torch.bfloat16) of torch.autocast around the
-            forward pass and the loss (mixed precision on a GPU).
+        amp_dtype: None, or the dtype (torch.float16 / torch.bfloat16) of mixed precision: the forward
+            pass and the loss run under torch.autocast on the batch's device type
+            (batch["input_ids"].device.type, "cuda" on a GPU, "cpu" where the grader runs).
     Returns:
         (loss, grad_norm): Python floats, the batch's loss and the gradients' total norm before
         clipping (after unscaling). The gradients are cleared after the step (set to None).
