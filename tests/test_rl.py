@@ -305,6 +305,52 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
     assert abs(unclipped.item() - clipped.item()) > 1e-3
 
 
+class GradientRecorder(torch.optim.Optimizer):
+    """step() keeps a copy of each parameter's gradient and changes nothing (lesson 04's capstone comparison)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                      for group in self.param_groups for p in group["params"]]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_grpo_step_applies_the_gradient_of_trl_grpo_trainer(rig, loss_type):
+    """Lesson 04's capstone answer, grpo_step, on TRL's own generation batch (its sampler and rewards replayed): the
+    loss it reports and the gradient it hands the optimizer are GRPOTrainer.compute_loss's on the batch it returns,
+    its advantages and reference log-probs TRL's (temperature 0.7, beta > 0, the policy away from the reference)."""
+    import copy
+
+    trainer = rig.trainer(loss_type, 0.04, 0.7)
+    trl_batch, total_rewards = rig.batch(0.04, 0.7)
+    model = trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    recorder = GradientRecorder(params)
+    args = copy.copy(trainer.args)
+    args.max_grad_norm = float("inf")            # the recorder sees the gradient itself
+    sample = lambda policy, ids, mask: (trl_batch["completion_ids"], trl_batch["completion_mask"])
+    out = l04.grpo_step(model, trainer.ref_model, trl_batch["prompt_ids"][::G], trl_batch["prompt_mask"][::G],
+                        recorder, args, sample, lambda ids, mask: total_rewards, l04.group_advantages,
+                        l04.clipped_surrogate, l04.k3_kl, l04.aggregate_loss)
+    batch, mask = out["batch"], trl_batch["completion_mask"]
+    assert torch.equal(batch["prompt_ids"], trl_batch["prompt_ids"]) and all(p.grad is None for p in params)
+    torch.testing.assert_close(batch["advantages"], trl_batch["advantages"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch["ref_per_token_logps"] * mask, trl_batch["ref_per_token_logps"] * mask,
+                               atol=1e-5, rtol=1e-5)
+    trl_loss = trainer.compute_loss(model, {**batch, "num_items_in_batch": trl_batch["num_items_in_batch"]})
+    assert out["loss"] == pytest.approx(trl_loss.item(), abs=1e-5)
+    trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
+    assert max(g.abs().max().item() for g in trl_grads) > 1e-4, "the test needs a gradient"
+    for g_trl, g_ours in zip(trl_grads, recorder.grads):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
+    grouped = total_rewards.view(-1, G)
+    assert out["reward"] == pytest.approx(total_rewards.mean().item())
+    assert out["frac_reward_zero_std"] == pytest.approx((grouped == grouped[:, :1]).all(1).float().mean().item())
+
+
 # ============================================================================= GRPOConfig from a preset
 def test_grpo_config_follows_the_preset(tmp_path):
     from utils import presets

@@ -14,6 +14,10 @@ from ..constants import TWIN_MEASUREMENTS
 # Keys that change what the data says, not how large anything is: a twin measurement does not depend on them.
 CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_share")
 
+# Keys that size only a part of a lesson the twins do not run (lesson 04's capstone, GRPO with the student's own
+# step): the twin's figures hold for the phases it measured, and those keys are not in them.
+UNTWINNED_KEYS = ("hand_steps", "hand_prompts")
+
 # Keys added after the twins were measured, with the value that runs exactly what was measured: a preset
 # holding that value keeps its measurement (any other value changes the run, so the digest changes).
 MEASURED_DEFAULTS = {"decode_rollout": False}
@@ -21,10 +25,10 @@ MEASURED_DEFAULTS = {"decode_rollout": False}
 
 def params_digest(params: dict) -> str:
     """A short hash of a lesson's preset parameters (the model, checked separately, the
-    :data:`CONTENT_KEYS` and keys at their :data:`MEASURED_DEFAULTS` value excluded): when it differs
-    from the digest stored with a measurement, the preset changed after it was measured."""
+    :data:`CONTENT_KEYS`, the :data:`UNTWINNED_KEYS` and keys at their :data:`MEASURED_DEFAULTS` value
+    excluded): when it differs from the digest stored with a measurement, the preset changed after it was measured."""
     body = {k: v for k, v in params.items()
-            if k not in CONTENT_KEYS and not (k in MEASURED_DEFAULTS and v == MEASURED_DEFAULTS[k])}
+            if k not in CONTENT_KEYS + UNTWINNED_KEYS and not (k in MEASURED_DEFAULTS and v == MEASURED_DEFAULTS[k])}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

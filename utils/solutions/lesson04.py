@@ -93,3 +93,76 @@ def aggregate_loss(per_token_loss, mask, loss_type, max_completion_length=None):
     if loss_type == "dr_grpo":
         return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
     raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+# ----------------------------------------------------------------------------- 04-grpo-step
+def grpo_step(policy, ref_model, prompt_ids, prompt_mask, optimizer, args, sample_fn, reward_fn,
+              advantages_fn, surrogate_fn, kl_fn, aggregate_fn):
+    """One GRPO iteration, on-policy: sample, score, advantages, loss, one optimizer step.
+
+    Args:
+        policy: the causal LM being trained (train mode); the optimizer holds its trainable parameters.
+        ref_model: the frozen reference, never given gradients; unused, and may be None, when
+            args.beta == 0.
+        prompt_ids, prompt_mask: (P, S) int64, P prompts padded on the left.
+        optimizer: a torch optimizer over the policy's trainable parameters.
+        args: GRPOConfig's names: num_generations (G), temperature, beta, loss_type, epsilon,
+            epsilon_high (None: epsilon), max_completion_length, max_grad_norm.
+        sample_fn: sample_fn(policy, prompt_ids, prompt_mask) -> (completion_ids, completion_mask),
+            each (P * G, T) int64: G completions per prompt, prompt p's in rows p * G ... p * G + G - 1
+            (the order of prompt_ids.repeat_interleave(G, dim=0)); the mask is 1 up to and including
+            each completion's end token, 0 after it.
+        reward_fn: reward_fn(completion_ids, completion_mask) -> (P * G,) float rewards.
+        advantages_fn: advantages_fn(rewards (P * G,), G) -> (P * G,) (your group_advantages).
+        surrogate_fn: surrogate_fn(logps, old_logps, advantages, eps_low, eps_high) -> (P * G, T)
+            (your clipped_surrogate).
+        kl_fn: kl_fn(logps, ref_logps) -> (P * G, T) (your k3_kl).
+        aggregate_fn: aggregate_fn(per_token_loss, completion_mask, loss_type, max_completion_length)
+            -> () scalar (your aggregate_loss).
+    The per-token log-probs, (P * G, T) float32, are TRL's: the logits of the policy on each prompt
+    followed by its completion, divided by args.temperature, log-softmaxed, read at each completion
+    token (the logits at position i predict token i + 1; logits_to_keep=T + 1 spares computing the
+    prompt's). The old log-probs are the same tensor
+    detached (on-policy); the per-token loss is the surrogate plus beta times the KL (no KL term
+    and no reference forward pass when beta == 0). Backward, clip the global gradient norm to
+    args.max_grad_norm, step, clear the gradients (set to None).
+    Returns:
+        dict: "loss" (float, the aggregated loss), "reward" (float, the mean reward),
+        "frac_reward_zero_std" (float, the share of groups whose rewards are all equal), and "batch",
+        what the step trained on in GRPOTrainer's names, every tensor detached: "prompt_ids" and
+        "prompt_mask" (P * G, S), "completion_ids" and "completion_mask" (P * G, T), "advantages"
+        (P * G,), "ref_per_token_logps" ((P * G, T), or None when beta == 0).
+    """
+    G = args.num_generations
+    with torch.no_grad():
+        completion_ids, completion_mask = sample_fn(policy, prompt_ids, prompt_mask)
+        scores = reward_fn(completion_ids, completion_mask).float()
+        advantages = advantages_fn(scores, G)
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    T = completion_ids.size(1)
+
+    def token_logps(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=T + 1).logits[:, :-1].float()
+        return torch.log_softmax(logits / args.temperature, dim=-1).gather(-1, completion_ids[..., None]).squeeze(-1)
+
+    logps = token_logps(policy)
+    per_token = surrogate_fn(logps, logps.detach(), advantages, args.epsilon, args.epsilon_high)
+    ref_logps = None
+    if args.beta != 0:
+        with torch.no_grad():
+            ref_logps = token_logps(ref_model)
+        per_token = per_token + args.beta * kl_fn(logps, ref_logps)
+    loss = aggregate_fn(per_token, completion_mask, args.loss_type, args.max_completion_length)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                   args.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    grouped = scores.view(-1, G)
+    return {"loss": loss.item(), "reward": scores.mean().item(),
+            "frac_reward_zero_std": (grouped == grouped[:, :1]).all(dim=1).float().mean().item(),
+            "batch": {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                      "completion_mask": completion_mask, "advantages": advantages.detach(),
+                      "ref_per_token_logps": ref_logps}}

@@ -103,3 +103,65 @@ def double_quantize(absmax, blocksize=256):
     absmax2 = torch.where(absmax2 > 0, absmax2, torch.ones_like(absmax2))
     q = torch.round(blocks / absmax2[:, None] * 127).clamp(-127, 127).to(torch.int8).reshape(-1)
     return q, absmax2, offset
+
+
+# ----------------------------------------------------------------------------- 06-nf4-model
+class NF4Linear(torch.nn.Module):
+    """A frozen nn.Linear stored in NF4, as bitsandbytes' Linear4bit stores it; dequantized at every forward.
+
+    Built from `linear` (weight float (out_features, in_features); bias float (out_features,) or None), it holds:
+        packed: uint8 buffer of shape (n_blocks * blocksize // 2,), n_blocks = ceil(weight.numel() / blocksize):
+            the codes of quantize_fn(weight, blocksize), two per byte, the first in the high nibble
+            (bitsandbytes' layout; quant.pack_4bit). A weight whose numel is not a multiple of blocksize keeps
+            the codes of its last block's zero padding. blocksize is even (two codes per byte).
+        absmax: float32 buffer of shape (n_blocks,), the scales quantize_fn returned.
+        bias: the Linear's own bias Parameter (the same object, in its dtype), or None.
+        in_features, out_features, blocksize, dequantize_fn: plain attributes.
+    No float copy of the weight is kept: not as a parameter, a buffer, a plain attribute or the old Linear.
+
+    forward(x): x float (..., in_features) -> (..., out_features), in x's dtype: x @ W.T + bias, where
+    W = dequantize_fn(codes, absmax, (out_features, in_features), blocksize), a float32 tensor recomputed at
+    every call from the unpacked codes (quant.unpack_4bit) and cast to x's dtype (the bias too).
+    """
+
+    def __init__(self, linear, blocksize, quantize_fn, dequantize_fn):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.blocksize, self.dequantize_fn = blocksize, dequantize_fn
+        codes, absmax = quantize_fn(linear.weight.detach(), blocksize)
+        self.register_buffer("packed", quant.pack_4bit(codes))
+        self.register_buffer("absmax", absmax.float())
+        self.bias = linear.bias
+
+    def forward(self, x):
+        w = self.dequantize_fn(quant.unpack_4bit(self.packed), self.absmax, (self.out_features, self.in_features),
+                               self.blocksize)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, w.to(x.dtype), bias)
+
+
+def quantize_linears_nf4(model, blocksize, quantize_fn, dequantize_fn):
+    """What `load_in_4bit` does to a model: replace, in place, every torch.nn.Linear inside model.model.layers
+    (the transformer blocks, at any depth: self_attn.q_proj, mlp.down_proj, ...) by an NF4Linear.
+
+    Args:
+        model: a causal LM with its blocks in model.model.layers (Qwen, Llama); not copied.
+        blocksize: values per absmax block (even; bitsandbytes uses 64).
+        quantize_fn: quantize_fn(weight, blocksize) -> (codes uint8 (n_blocks * blocksize,) in [0, 15],
+            absmax float32 (n_blocks,)), e.g. your nf4_quantize. Called once per replaced layer.
+        dequantize_fn: dequantize_fn(codes, absmax, shape, blocksize) -> float32 tensor of `shape`, e.g. your
+            nf4_dequantize. Called by each NF4Linear at every forward.
+    Everything outside model.model.layers stays as it is: the embedding, the final norm and lm_head (with tied
+    embeddings, as in the tiny model, lm_head.weight *is* the embedding's weight, and stays in full precision),
+    as do the norms inside the blocks.
+    Returns:
+        {"layers": the number of Linear layers replaced, "bytes": the bytes of their packed codes and absmax
+        buffers together (biases not counted)}, both Python ints.
+    """
+    layers, replaced, stored = model.model.layers, 0, 0
+    for name, linear in [(n, m) for n, m in layers.named_modules() if isinstance(m, torch.nn.Linear)]:
+        parent, _, child = name.rpartition(".")
+        layer = NF4Linear(linear, blocksize, quantize_fn, dequantize_fn)
+        setattr(layers.get_submodule(parent), child, layer)
+        replaced, stored = replaced + 1, stored + layer.packed.nbytes + layer.absmax.nbytes
+    return {"layers": replaced, "bytes": stored}
