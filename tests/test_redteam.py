@@ -19,7 +19,7 @@ import pytest
 
 from tests import grading_fixtures
 from utils.constants import LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, UTILS_DIR
-from utils.course import cells, grade, sandbox
+from utils.course import cells, grade, grading, sandbox
 
 MASK, COLLATE, LOSS = "01-sft-mask-answer", "01-collate-answer", "01-causal-loss-answer"
 SECRETS = {"HF_TOKEN": "hf_redteam_env_4f1c", "OPENAI_API_KEY": "sk-redteam-env-9e2a"}
@@ -211,8 +211,10 @@ def write_class(subs, fill, home):
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
-    try:
-        box = sandbox.find()
+    try:  # a 64 MiB scratch (16 384 empty folders at 4 KiB each): dirflood fills it in about 2 s here, far inside
+        # the cell limit on any machine (the default 512 MiB took 13.5 s, a race with a 15 s cell limit that a
+        # fast CI run lost: the flood was cut just below the limit and a later check tipped it over)
+        box = sandbox.find(sandbox.Limits(file_size=64 * sandbox.MiB))
     except sandbox.SandboxUnavailable as e:
         pytest.fail(f"no sandbox on this machine (run `make setup`): {e}")
     root = tmp_path_factory.mktemp("redteam")
@@ -232,8 +234,8 @@ def attacked(tmp_path_factory):
         scratch_before = set(Path(tempfile.gettempdir()).glob("grade-*"))
         for k, v in {**SECRETS, "HOME": str(home)}.items():
             env.setenv(k, v)
-        rows = grade.grade_folder(subs, "01", out, jobs=2, timeout=90, cell_timeout=15, progress=lambda *_: None,
-                                  box=box)
+        rows = grade.grade_folder(subs, "01", out, jobs=2, timeout=90, cell_timeout=grading.CELL_TIMEOUT_S,
+                                  progress=lambda *_: None, box=box)
     return {"rows": {r["student"]: r for r in rows}, "subs": subs, "out": out, "before": before, "course": course,
             "connections": connections, "scratch_before": scratch_before, "box": box}
 
@@ -266,7 +268,7 @@ def test_a_cheat_earns_nothing(attacked, student):
 @pytest.mark.parametrize("student,flag,total", [
     ("forkbomb", "process-limit:01-sft-mask-answer", 9), ("memhog", "memory-limit:01-sft-mask-answer", 9),
     ("bigfile", "scratch-full:01-sft-mask-answer", 9),
-    ("dirflood", None, 9),  # empty folders count 4 KiB each: 131 072 fill the scratch, slower than the cell limit
+    ("dirflood", "scratch-full:01-sft-mask-answer", 9),  # empty folders count 4 KiB each
     ("mallory", "symlink", 0), ("forger", "forged-run", 0), ("oscar", "symlink", 0),
     ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
 ])
