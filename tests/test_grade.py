@@ -1,4 +1,5 @@
 """The grader on a fixture class of lab 01 submissions: expected CSV, feedback, nothing modified, nothing lost."""
+import base64
 import csv
 import hashlib
 from pathlib import Path
@@ -10,6 +11,7 @@ from tests import grading_fixtures
 from utils.course import cells, grade, grading, labs, submissions, written
 
 EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 
 
 def digest(folder):
@@ -22,6 +24,10 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("class")
     subs = root / "submissions"
     grading_fixtures.write(subs)
+    alice = nbformat.read(subs / "alice.ipynb", as_version=4)   # a picture pasted into her first written answer
+    next(c for c in alice.cells if cells.is_written(c))["attachments"] = {
+        "plot.png": {"image/png": base64.b64encode(PNG).decode()}}
+    nbformat.write(alice, subs / "alice.ipynb")
     before = digest(subs)
     # an instructor's marks from an earlier run: every question for alice, one for bob
     asked = written.questions(nbformat.read(grading_fixtures.LESSON, as_version=4))
@@ -29,6 +35,8 @@ def graded(tmp_path_factory):
     (root / "out" / "grades.csv").write_text("student,lab," + ",".join(q["grade_id"] for q in asked) + "\n"
                                              + "alice,01_sft_from_scratch," + ",".join("2" for _ in asked)
                                              + "\nbob,01_sft_from_scratch,1\n")
+    (root / "out" / written.IMAGES_DIR).mkdir()
+    (root / "out" / written.IMAGES_DIR / "001-stale-1.png").write_bytes(PNG)   # an earlier run's
     rows = grade.grade_folder(subs, "01", root / "out", jobs=2, timeout=120, cell_timeout=8, progress=lambda *_: None)
     return {"root": root, "subs": subs, "out": root / "out", "rows": rows, "before": before}
 
@@ -116,6 +124,9 @@ def test_written_answers_collected_for_the_instructor(graded):
     assert "> # Not a heading" in alice, "a student's line never becomes a heading of the file"
     assert "still says YOUR ANSWER HERE" in text.split("### carol")[1].split("###")[0]
     assert "cell is missing" in text.split("### kim")[1].split("###")[0]
+    pictures = sorted((graded["out"] / written.IMAGES_DIR).iterdir())
+    assert len(pictures) == 1 and pictures[0].read_bytes() == PNG, "alice's picture, saved; the stale one gone"
+    assert f"({written.IMAGES_DIR}/{pictures[0].name})" in alice
     rows = {r["student"]: r for r in csv.DictReader((graded["out"] / "grades.csv").open())}
     assert rows["alice"]["manual_points"] == str(2 * len(asked)) and rows["bob"]["manual_points"] == "", \
         "marks kept from the earlier grades.csv; a total only once every question is marked"

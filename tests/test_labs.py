@@ -116,6 +116,24 @@ def test_lab_of_each_lesson(lesson):
         "labs keep the lesson's cell ids (the grader finds cells by them)"
 
 
+STEP = (".backward(", "clip_grad_norm_", "p -= lr * p.grad")   # a training step written out
+
+
+@pytest.mark.parametrize("lab,gid,pieces", [
+    ("01", "01-sft-step", (*STEP, "cross_entropy")),                              # causal_lm_loss's answer
+    ("03", "03-dpo-step", (*STEP, "logsigmoid", "log_softmax", ".gather(")),      # dpo_loss's, sequence_logps'
+    ("04", "04-grpo-step", (*STEP, ".std(", ".clamp(1 -", "exp(ref - lp)", "mask.sum(1)")),  # lesson 04's four
+    ("06", "06-nf4-model", ("NF4_CODE[", "repeat_interleave(blocksize)")),        # nf4_dequantize's answer
+])
+def test_a_capstone_check_shows_neither_the_step_nor_the_labs_other_answers(lab, gid, pieces):
+    """A capstone check runs the student's function with stand-ins (or a library) for the lab's other exercises
+    and checks what it does; the step written out is in its hidden tests only."""
+    lesson = next(p for p in labs.lesson_paths() if p.stem.startswith(lab))
+    check = next(c for c in labs.lab_for(lesson).cells if cells.grade_id(c) == gid).source
+    for piece in pieces:
+        assert piece not in check, f"the student edition's {gid} check shows an answer ({piece})"
+
+
 def test_labs_are_up_to_date():
     problems = labs.stale()
     assert not problems, "labs/ is out of date with notebooks/; run `make labs`: " + "; ".join(problems)

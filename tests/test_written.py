@@ -1,4 +1,5 @@
 """Written questions: the contract, the student edition's stub, the answers read from a submission, the marks kept."""
+import base64
 import csv
 import json
 
@@ -111,6 +112,39 @@ def test_written_md_shows_answers_as_text_only():
     assert "no answer found" in text.split("### bob")[1]
     names = written.markdown("04_x", asked, {"x](http://e)\n# 10/10 ![img](http://h/i.png)": {}})
     assert "\n# 10/10" not in names and "](http" not in names and "![" not in names
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+
+
+def test_pasted_pictures_saved_by_the_graders_names_and_nothing_else(tmp_path):
+    asked = written.questions(lesson_with(written_cell()))
+    b64 = lambda raw: base64.b64encode(raw).decode()   # noqa: E731
+    sub = nbformat.v4.new_notebook(cells=[written_cell(source="See ![plot](attachment:plot.png)")])
+    sub.cells[0]["attachments"] = {
+        "plot.png": {"image/png": b64(PNG)}, "../../../etc/x.png": {"image/png": [b64(PNG)[:8], b64(PNG)[8:]]},
+        "a.svg": {"image/svg+xml": b64(b"<svg onload='alert(1)'/>")}, "liar.png": {"image/png": b64(b"<html>")},
+        "junk.png": {"image/png": "@@@not base64"}, "odd": "not a bundle", "big.png": {"image/png": b64(PNG + bytes(3 << 20))},
+        **{f"p{k}.png": {"image/png": b64(PNG)} for k in range(3)}}
+    found = written.answers(sub, asked)["04-written-kl"]
+    assert len(found["images"]) == written.MAX_IMAGES and found["images_left"] == 6, "4 of the 5 PNGs; no other"
+    stale = tmp_path / written.IMAGES_DIR / "007-04-written-kl-9.png"
+    stale.parent.mkdir()
+    stale.write_bytes(b"an earlier run's")
+    written.clear_images(tmp_path)
+    written.save_images(tmp_path, 7, {"04-written-kl": found})
+    saved = sorted((tmp_path / written.IMAGES_DIR).iterdir())
+    assert [p.name for p in saved] == [f"007-04-written-kl-{k}.png" for k in range(1, 5)], "names of the grader's only"
+    assert all(p.read_bytes() == PNG for p in saved) and not (tmp_path / "etc").exists()
+    text = written.markdown("04_x", asked, {"eve": {"04-written-kl": found}})
+    assert "> ![picture 1 pasted into this answer](written_images/007-04-written-kl-1.png)" in text
+    assert "(6 other attachment(s) not shown" in text and "![plot]" not in text
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / written.IMAGES_DIR).rename(tmp_path / "old")
+    (tmp_path / written.IMAGES_DIR).symlink_to(outside, target_is_directory=True)
+    written.clear_images(tmp_path)
+    assert outside.is_dir() and not (tmp_path / written.IMAGES_DIR).exists(), "a link is removed, never followed"
 
 
 def test_marks_kept_and_manual_points_once_all_are_marked(tmp_path):

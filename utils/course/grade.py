@@ -354,6 +354,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     for note in notes:
         progress(note)
     write_csv(rows, columns, csv_path)
+    written.clear_images(out)   # an earlier run's pictures: this run saves its own
     progress(f"grading {len(subs)} submission(s) of {lab_name} from {folder} ({jobs} at a time) ...")
     progress(f"sandbox: bubblewrap; {box.describe()}" if box else
              "UNSANDBOXED (--no-sandbox): the students' code runs with your rights; every row is flagged")
@@ -378,6 +379,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
             write_csv(rows, columns, csv_path)
             if asked:
                 try:
+                    written.save_images(out, len(answers), answers[name])
                     (out / "written.md").write_text(written.markdown(lab_name, asked, answers), encoding="utf-8")
                 except (OSError, UnicodeError) as e:   # never stops the batch: grades.csv is written
                     progress(f"  written.md could not be written ({type(e).__name__}: {str(e)[:200]})")

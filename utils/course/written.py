@@ -6,16 +6,21 @@ cell after it (nbgrader's manually graded answer: ``grade`` and ``solution`` tru
 
 ``grade`` reads each submission's answers (text only: nothing a student wrote is run or rendered
 as HTML) and writes ``written.md`` beside ``grades.csv``: per question, its text, the marking guide
-and every student's answer. The instructor marks in ``grades.csv``, one column per question;
+and every student's answer. Pictures pasted into an answer (the cell's attachments) are saved under
+``written_images/`` by names of the grader's, when their bytes are the PNG, JPEG or GIF they claim.
+The instructor marks in ``grades.csv``, one column per question;
 automatic points (``auto_points`` of ``auto_max``) and manual ones (``manual_points`` of
 ``manual_max``) stay in columns of their own, and marks already in the file are kept when the
 grader runs again.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import csv
 import html
 import math
+import shutil
 from pathlib import Path
 
 from .cells import TEXT_STUB, grade_id, is_written, nbgrader_meta, question_of
@@ -26,6 +31,10 @@ class MarksUnreadable(ValueError):
 
 
 MAX_ANSWER_CHARS = 6000   # what ``written.md`` shows of one answer (the rest is cut, and says so)
+MAX_IMAGES, MAX_IMAGE_BYTES = 4, 2 << 20   # pictures pasted into one answer that are saved, and the largest
+IMAGES_DIR = "written_images"              # beside written.md
+IMAGE_TYPES = {"image/png": (b"\x89PNG\r\n\x1a\n", "png"), "image/jpeg": (b"\xff\xd8\xff", "jpg"),
+               "image/gif": (b"GIF8", "gif")}   # no SVG: it can hold a script
 
 
 def questions(lesson) -> list[dict]:
@@ -60,7 +69,59 @@ def answers(nb, asked: list[dict]) -> dict[str, dict]:
         else:   # kept short, and valid UTF-8 (a lone surrogate from the JSON would stop written.md being written)
             text = text[:MAX_ANSWER_CHARS + 1].encode("utf-8", "replace").decode("utf-8")
             found[q["grade_id"]] = {"status": "answered", "text": text}
+        if cell is not None and cell.get("attachments"):
+            found[q["grade_id"]]["images"], found[q["grade_id"]]["images_left"] = _images(cell.get("attachments"))
     return found
+
+
+def _images(attachments) -> tuple[list[tuple[str, bytes]], int]:
+    """``([(extension, bytes)], left)``: the pictures of a cell's attachments whose bytes are the PNG, JPEG or
+    GIF they say they are, at most :data:`MAX_IMAGES` of :data:`MAX_IMAGE_BYTES` each; ``left``: the others."""
+    kept, left = [], 0
+    bundles = [attachments[k] for k in sorted(attachments)] if isinstance(attachments, dict) else []
+    for bundle in bundles:
+        found = None
+        for mime, (magic, ext) in IMAGE_TYPES.items():
+            data = bundle.get(mime) if isinstance(bundle, dict) else None
+            if isinstance(data, list):
+                data = "".join(d for d in data if isinstance(d, str))
+            if not isinstance(data, str) or len(data) > 2 * MAX_IMAGE_BYTES:
+                continue
+            try:
+                raw = base64.b64decode(data)
+            except (binascii.Error, ValueError):
+                continue
+            if raw.startswith(magic) and len(raw) <= MAX_IMAGE_BYTES:
+                found = (ext, raw)
+                break
+        if found is not None and len(kept) < MAX_IMAGES:
+            kept.append(found)
+        else:
+            left += 1
+    return kept, left
+
+
+def clear_images(out: Path) -> None:
+    """Remove the pictures an earlier run saved under ``out`` (a folder of the grader's, never a link)."""
+    folder = Path(out) / IMAGES_DIR
+    if folder.is_symlink() or folder.is_file():
+        folder.unlink()
+    elif folder.is_dir():
+        shutil.rmtree(folder)
+
+
+def save_images(out: Path, number: int, found: dict[str, dict]) -> None:
+    """Save one submission's pasted pictures as ``written_images/<number>-<grade_id>-<k>.<ext>`` (names of the
+    grader's: nothing of the student's in a path) and note each file's path in its answer, for :func:`markdown`."""
+    for gid, answer in found.items():
+        files = []
+        for k, (ext, raw) in enumerate(answer.pop("images", []), 1):
+            path = Path(out) / IMAGES_DIR / f"{number:03d}-{gid}-{k}.{ext}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(raw)
+            files.append(f"{IMAGES_DIR}/{path.name}")
+        if files:
+            answer["image_files"] = files
 
 
 def _quoted(text: str) -> list[str]:
@@ -85,7 +146,8 @@ def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> s
     """The text of ``written.md``: each question, its guide, and every student's answer (sorted by name)."""
     lines = [f"# {lab_name}: written questions", "",
              "Mark each answer in `grades.csv`, in the question's column (0 to its points); marks already in "
-             "`grades.csv` are kept when the grader runs again. Answers are shown as text, escaped.", ""]
+             "`grades.csv` are kept when the grader runs again. Answers are shown as text, escaped; pictures "
+             f"pasted into them as files the grader saved in `{IMAGES_DIR}/`.", ""]
     for q in asked:
         lines += [f"## {q['grade_id']} ({q['points']} points)", "", q["question"].strip(), "",
                   "<details><summary>Marking guide</summary>", "", q["guide"].strip(), "", "</details>", ""]
@@ -94,6 +156,11 @@ def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> s
             lines += [f"### {_name(student)}", ""]
             if a["status"] == "answered":
                 lines += _quoted(a["text"])
+                lines += [">", *(f"> ![picture {k} pasted into this answer]({f})" for k, f in
+                                 enumerate(a.get("image_files", []), 1))] if a.get("image_files") else []
+                if a.get("images_left"):
+                    lines.append(f"> *({a['images_left']} other attachment(s) not shown: only PNG, JPEG or GIF under "
+                                 f"{MAX_IMAGE_BYTES >> 20} MB, {MAX_IMAGES} per answer; see the notebook)*")
             else:
                 lines.append("*(no answer: the cell still says YOUR ANSWER HERE)*" if a["status"] == "not-answered"
                              else "*(no answer found: the cell is missing, or the notebook could not be read)*")
