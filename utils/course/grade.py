@@ -378,8 +378,11 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
             answers[name] = row.pop("_written", {})
             write_csv(rows, columns, csv_path)
             if asked:
-                try:
+                try:   # a picture that cannot be saved is left out; written.md is still written
                     written.save_images(out, len(answers), answers[name])
+                except OSError as e:
+                    progress(f"  pictures of {name!r} could not be saved ({type(e).__name__}: {str(e)[:200]})")
+                try:
                     (out / "written.md").write_text(written.markdown(lab_name, asked, answers), encoding="utf-8")
                 except (OSError, UnicodeError) as e:   # never stops the batch: grades.csv is written
                     progress(f"  written.md could not be written ({type(e).__name__}: {str(e)[:200]})")
