@@ -59,7 +59,8 @@ SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_att
              num_key_value_heads=2, head_dim=16, vocab_size=1024)
 SHRINK = dict(batch_size=2, packed_batch_size=2, grad_accum=1, max_length=64, max_new_tokens=8,
               max_completion_length=8, eval_batch_size=4, n_samples=2, num_generations=2, prompts_per_step=2,
-              ttc_samples=2, lora_r=4, lora_alpha=8, gradient_checkpointing=True)
+              ttc_samples=2, lora_r=4, lora_alpha=8, gradient_checkpointing=True, hand_prompts=1,
+              rl_pool=20, rl_prompts=2, rl_samples=2, rl_micro_batch=2, rl_minibatches=2)
 
 
 def small_resolve(preset, lesson, **overrides):
@@ -85,9 +86,10 @@ PHASES = {
     "01": {"sft train", "greedy eval"},
     "02": {"SFTTrainer padded", "SFTTrainer packed", "QLoRA (NF4) padded", "greedy eval"},
     "03": {"preference sampling", "DPO train"},
-    "04": {"GRPO train", "greedy eval", "sampled eval"},
+    "04": {"GRPO train", "greedy eval", "sampled eval", "capstone grpo_step"},
     "05": {"DAPO train", "RLOO train", "test-time sampling"},
     "06": {"fp32 eval", "int8 eval", "NF4 eval", "QLoRA train"},
+    "07": {"pair sampling", "RewardTrainer train", "PPO iteration"},
 }
 
 
@@ -99,6 +101,21 @@ def test_each_lesson_measures_on_a_cpu_twin(lesson, small_twin, tmp_path):
     assert all(p["seconds"] > 0 and p["peak_gb"] is None for p in record["phases"].values())   # no GPU: no peak
     assert set(record["training_minutes"]) <= set(record["phases"]) and record["training_minutes"]
     assert record["params_digest"] == measured.params_digest(presets.PRESETS["24g"]["lessons"][lesson])
+
+
+def test_only_the_phases_asked_for(small_twin, tmp_path):
+    record = twins.measure_lesson("24g", "04", small_twin, tmp_path, steps=2, resolve=small_resolve,
+                                  only=["capstone grpo_step"])
+    assert "error" not in record and set(record["phases"]) == {"capstone grpo_step"}
+    assert set(record["training_minutes"]) == {"capstone grpo_step"}
+
+
+def test_lesson07_runs_the_lessons_own_loop(small_twin, tmp_path):
+    """The PPO phase executes the notebook's rl-setup and rl-loop cells: its clock has the lesson's four parts."""
+    record = twins.measure_lesson("24g", "07", small_twin, tmp_path, steps=2, resolve=small_resolve)
+    ppo = record["phases"]["PPO iteration"]
+    assert set(ppo["parts"]) == {"generate", "score and advantages", "update policy", "update critic"}
+    assert ppo["seconds"] == pytest.approx(sum(ppo["parts"].values()), abs=0.03)
 
 
 def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_path):
@@ -117,6 +134,16 @@ def test_a_failing_lesson_is_reported_not_raised(small_twin, tmp_path, monkeypat
     monkeypatch.setitem(twins.LESSONS, "03", broken)
     record = twins.measure_lesson("24g", "03", small_twin, tmp_path, resolve=small_resolve)
     assert record["error"] == "RuntimeError: CUDA out of memory (simulated)" and record["phases"] == {}
+
+    def broken_later(*args, **kwargs):          # a phase measured, then the next one fails: the first is kept
+        phases = twin_lessons.Phases()
+        with phases("pair sampling", "batch"):
+            pass
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setitem(twins.LESSONS, "03", broken_later)
+    record = twins.measure_lesson("24g", "03", small_twin, tmp_path, resolve=small_resolve)
+    assert record["error"].startswith("RuntimeError") and set(record["phases"]) == {"pair sampling"}
 
 
 def test_measure_needs_a_gpu(tmp_path):
@@ -174,7 +201,7 @@ def test_unmeasured_lessons_say_so():
 def test_resolution_table_shows_the_measurement_on_gpu_presets_only():
     gpu = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
                                params=dict(presets.PRESETS["24g"]["lessons"]["04"]))
-    assert gpu.table().endswith("measured    peak 23.3 GB (tensors 12.7 GB) with PyTorch capped at 23.4 GB, "
+    assert gpu.table().endswith("measured    peak 23.3 GB (tensors 16.7 GB) with PyTorch capped at 23.4 GB, "
                                 "26.35 s per generation batch (GRPO train) on an H100 (architecture twin)")
     old = dict(presets.measurement("80g", "04"))
     assert presets.measured_note("80g", "04") == ("peak 37.2 GB, 39.64 s per generation batch (GRPO train) on an "
@@ -210,7 +237,28 @@ def test_resolve_prints_the_warning_on_a_small_gpu(fake_gpu, monkeypatch, capsys
 def test_capped_records_stayed_under_their_cap():
     capped = [(name, lesson, r) for name, records in committed()["presets"].items()
               for lesson, r in records.items() if r.get("memory_cap_gb")]
-    assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05")}
+    assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05"), ("t4-16g", "07")}
     for _, _, record in capped:
         assert "error" not in record and record["peak_gb"] <= record["memory_cap_gb"]
         assert all(p["allocated_gb"] <= p["peak_gb"] for p in record["phases"].values())
+    phases = [p for records in committed()["presets"].values() for r in records.values() for p in r["phases"].values()
+              if p.get("memory_cap_gb")]                # a phase measured later, capped, in an older record
+    assert len(phases) == 2 and all(p["allocated_gb"] <= p["peak_gb"] <= p["memory_cap_gb"] for p in phases)
+
+
+def test_capstone_phases_hold_the_presets_sizes():
+    """hand_steps and hand_prompts stay out of the digest (the GRPOTrainer phases do not depend on them), so the
+    capstone's phase carries the values it ran with, and they must be the preset's."""
+    for name, records in committed()["presets"].items():
+        phase = records["04"]["phases"].get("capstone grpo_step")
+        if phase:
+            params = presets.PRESETS[name]["lessons"]["04"]
+            assert (phase["hand_prompts"], phase["hand_steps"]) == (params["hand_prompts"], params["hand_steps"])
+    assert {n for n, r in committed()["presets"].items() if "capstone grpo_step" in r["04"]["phases"]} == {
+        "t4-16g", "24g"}
+
+
+def test_a_record_measured_on_another_gpu_names_it():
+    assert presets.measured_note("t4-16g", "07").endswith(", 24.17 s per iteration (PPO iteration) on an H200 "
+                                                          "(architecture twin)")
+    assert presets.measured_note("24g", "07") == "unmeasured"

@@ -87,8 +87,11 @@ class Phases:
     GPU; ``allocated_gb``: the tensors' own peak, which the allocator's cache can exceed) and wall
     time; ``phases.seconds(name, s)`` replaces the time with a per-step figure measured inside."""
 
+    last: Phases | None = None    # the newest: what a lesson that raised had measured (``twins.measure_lesson``)
+
     def __init__(self):
         self.rows: dict[str, dict] = {}
+        Phases.last = self
 
     def __call__(self, name: str, unit: str, count: int = 1):
         phases = self
@@ -265,15 +268,64 @@ def _grpo(phases, name, cfg, tokenizer, out, steps, trainer_cls=None, **override
     return trainer
 
 
-def lesson04(cfg, tokenizer, out, steps, resolve=presets.resolve):
+def _grpo_by_hand(phases, name, sft_model, cfg, tokenizer, out, steps):
+    """The capstone's loop (cell ``capstone-grpo-run``): ``grpo_step`` (the reference solution) on a LoRA copy of
+    the SFT model, ``hand_prompts`` prompts x ``num_generations`` completions a step, one backward pass each."""
+    from .. import evaluation, rewards, rl, training
+    from ..solutions.lesson04 import aggregate_loss, clipped_surrogate, group_advantages, grpo_step, k3_kl
+
+    stop_ids = evaluation.stop_token_ids(tokenizer)
+    G = cfg.num_generations
+
+    def sample_groups(policy, prompt_ids, prompt_mask):           # as the lesson's, with the twin's fixed length
+        policy.eval()
+        ids = evaluation.decode(policy, prompt_ids, prompt_mask, max_new_tokens=cfg.max_completion_length,
+                                stop_ids=stop_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True,
+                                temperature=cfg.temperature, num_return_sequences=G).clone()
+        policy.train()
+        ended = torch.isin(ids, torch.tensor(stop_ids, device=ids.device))
+        end = torch.where(ended.any(1), ended.int().argmax(1), ids.size(1))
+        return ids, (torch.arange(ids.size(1), device=ids.device) <= end[:, None]).long()
+
+    def reward_fn(completion_ids, completion_mask):
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return torch.tensor(rewards.format_reward(texts), device=completion_ids.device, dtype=torch.float32)
+
+    prompts = evaluation.format_prompts(tokenizer, problems(tokenizer, cfg.hand_prompts), "chat")
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False).to(cfg.device)
+    policy = copy.deepcopy(sft_model)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    policy = (training.with_lora(policy, cfg) if cfg.use_lora else policy).train()
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
+    args = rl.grpo_config(cfg, out, save_strategy="no")
+    ends = []
+    with phases(name, "step") as ctx:
+        for _ in range(steps):
+            grpo_step(policy, sft_model, enc["input_ids"], enc["attention_mask"], opt, args, sample_groups, reward_fn,
+                      group_advantages, clipped_surrogate, k3_kl, aggregate_loss)
+            _sync()
+            ends.append(time.perf_counter())
+    phases.seconds(name, (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else ends[-1] - ctx.t)
+    del policy, opt
+
+
+def lesson04(cfg, tokenizer, out, steps, resolve=presets.resolve, only=None):
     """GRPOTrainer with LoRA and ``beta > 0`` (reference = adapter disabled), the SFT model resident;
-    greedy and sampled evaluation batches."""
+    greedy and sampled evaluation batches; the capstone's GRPO with ``grpo_step``. ``only``: the phases to run."""
     phases = Phases()
+    want = lambda name: only is None or name in only
     sft_model = _load(cfg).eval()
-    _grpo(phases, "GRPO train", cfg, tokenizer, out / "grpo", max(2, steps))
-    _generate_batch(phases, "greedy eval", sft_model, tokenizer, cfg, cfg.max_completion_length)
-    _generate_batch(phases, "sampled eval", sft_model, tokenizer, cfg, cfg.max_completion_length,
-                    n=cfg.num_generations, temperature=cfg.temperature)
+    if want("GRPO train"):
+        _grpo(phases, "GRPO train", cfg, tokenizer, out / "grpo", max(2, steps))
+    if want("greedy eval"):
+        _generate_batch(phases, "greedy eval", sft_model, tokenizer, cfg, cfg.max_completion_length)
+    if want("sampled eval"):
+        _generate_batch(phases, "sampled eval", sft_model, tokenizer, cfg, cfg.max_completion_length,
+                        n=cfg.num_generations, temperature=cfg.temperature)
+    if want("capstone grpo_step"):
+        _grpo_by_hand(phases, "capstone grpo_step", sft_model, cfg, tokenizer, out / "hand", max(2, steps))
     return phases.rows
 
 
@@ -314,4 +366,63 @@ def lesson06(cfg, tokenizer, out, steps, resolve=presets.resolve):
                         full_finetune=False, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha)
     base4 = _load(cfg, **variants["NF4 eval"])
     _train_sft(phases, "QLoRA train", base4, tokenizer, qlora_cfg, out / "qlora", steps)
+    return phases.rows
+
+
+def _lesson_cells(notebook: str, cell_ids, namespace: dict) -> dict:
+    """Run the code cells ``cell_ids`` of ``notebooks/<notebook>`` in ``namespace``: the lesson's code, as written."""
+    import json
+
+    from ..constants import NOTEBOOKS_DIR
+
+    cells = {c.get("id"): c for c in json.loads((NOTEBOOKS_DIR / notebook).read_text())["cells"]}
+    for cell_id in cell_ids:
+        exec(compile("".join(cells[cell_id]["source"]), f"{notebook}#{cell_id}", "exec"), namespace)
+    return namespace
+
+
+def lesson07(cfg, tokenizer, out, steps, resolve=presets.resolve):
+    """Pair sampling (``n_samples`` per prompt); ``RewardTrainer`` (LoRA, ``SEQ_CLS``) with the SFT model
+    resident; PPO with a critic through the lesson's own loop (cells ``rl-setup`` and ``rl-loop``, run as
+    written): rollout, the reference's and the critic's passes, ``rl_minibatches`` updates of the policy and of the
+    critic, with the reference resident (the lesson moves the reward models to the CPU there)."""
+    import random
+
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import RewardConfig, RewardTrainer
+
+    from .. import data, rewards, runtime, training
+    from ..solutions.lesson07 import gae
+
+    phases = Phases()
+    sft_model = _load(cfg).eval()
+    _generate_batch(phases, "pair sampling", sft_model, tokenizer, cfg, cfg.max_new_tokens, n=cfg.n_samples,
+                    temperature=cfg.temperature)
+    prompt_len = min(PROMPT_TOKENS, cfg.max_length // 3)
+    pairs = [data.to_preference(p, p["answer"], p["answer"].replace("=", "is"))
+             for p in problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, prompt_tokens=prompt_len,
+                               answer_tokens=min(cfg.max_new_tokens, cfg.max_length - prompt_len))]
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_target_modules), task_type="SEQ_CLS")
+    clock = _Clock()
+    trainer = RewardTrainer(model=str(cfg.model), processing_class=tokenizer, train_dataset=Dataset.from_list(pairs),
+                            peft_config=lora if cfg.use_lora else None, callbacks=[clock.callback],
+                            args=RewardConfig(**{**training.trainer_kwargs(cfg, out / "rm"), "max_steps": steps,
+                                                 "save_strategy": "no"}, max_length=cfg.max_length,
+                                              center_rewards_coefficient=cfg.center_rewards_coefficient))
+    with phases("RewardTrainer train", "step") as ctx:
+        trainer.train()
+    phases.seconds("RewardTrainer train", clock.per_step(ctx.t))
+    ns = _lesson_cells("07_reward_models_ppo.ipynb", ["rl-setup", "rl-loop"], {
+        "cfg": cfg, "tokenizer": tokenizer, "torch": torch, "time": time, "random": random, "runtime": runtime,
+        "data": data, "rewards": rewards, "LoraConfig": LoraConfig, "AutoModelForCausalLM": AutoModelForCausalLM,
+        "SEED": 0, "sft_dir": cfg.model, "sft_model": sft_model, "gae": gae,
+        "reward_model": trainer.model, "orm": torch.nn.Module()})     # the twin trains no outcome reward model
+    ns["rl_problems"] = problems(tokenizer, cfg.rl_prompts * steps)        # GSM8K-length prompts
+    with phases("PPO iteration", "iteration", count=steps):
+        policy, run = ns["train_rl"]("ppo", iterations=steps)
+    phases.rows["PPO iteration"]["parts"] = {k: round(v / steps, 2) for k, v in run["clock"].items()}
+    phases.seconds("PPO iteration", sum(run["clock"].values()) / steps)
     return phases.rows

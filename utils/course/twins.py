@@ -38,7 +38,8 @@ import torch
 from .. import presets, runtime
 from ..constants import TINY_MODEL_DIR
 from ..presets import measured
-from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
+from . import twin_lessons
+from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07
 
 # config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
 ARCHITECTURES: dict[str, dict] = {
@@ -108,7 +109,8 @@ def parameter_count(model_id: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06}
+LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06,
+           "07": lesson07}
 
 
 def _training_steps(cfg, lesson: str) -> dict:
@@ -121,29 +123,36 @@ def _training_steps(cfg, lesson: str) -> dict:
         others = [b for b in cfg.betas if b != cfg.beta]   # the run, the sweep's other betas, DPO + NLL
         return {"DPO train": cfg.max_steps * (2 + len(others))}
     if lesson == "04":
-        return {"GRPO train": cfg.max_steps + cfg.hack_steps}
+        return {"GRPO train": cfg.max_steps + cfg.hack_steps, "capstone grpo_step": cfg.hand_steps}
     if lesson == "05":
         batches = cfg.max_steps * cfg.grad_accum // cfg.steps_per_generation
         return {"DAPO train": 3 * batches * len(cfg.seeds), "RLOO train": batches * len(cfg.seeds)}
+    if lesson == "07":   # the reward model; one RL run (PPO's, the dearest of the four estimators)
+        return {"RewardTrainer train": cfg.max_steps, "PPO iteration": cfg.rl_iterations}
     return {"QLoRA train": cfg.qlora_steps}
 
 
-def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve) -> dict:
+def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve,
+                   only=None) -> dict:
     """Measure one lesson of ``preset`` with the twin in ``model_dir``. Returns its record.
 
     ``resolve`` makes the lesson configs (``presets.resolve``; the tests pass one that shrinks the
-    sizes to run on a CPU). A phase that fails is reported in ``error`` and loses nothing measured before it."""
+    sizes to run on a CPU). ``only``: run just these phases (a lesson that can skip phases takes it; the record
+    then holds those phases alone). A phase that fails is reported in ``error`` and loses nothing measured
+    before it."""
     from transformers import AutoTokenizer
 
     cfg = resolve(preset, lesson=lesson, model=str(model_dir), dataset="synthetic")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     t = time.perf_counter()
     rows, error = {}, None
+    twin_lessons.Phases.last = None
     try:
-        rows = LESSONS[lesson](cfg, tokenizer, Path(out_dir), steps, resolve)
+        rows = LESSONS[lesson](cfg, tokenizer, Path(out_dir), steps, resolve, **({"only": set(only)} if only else {}))
     except Exception as err:  # one lesson's failure must not lose the others' figures
         error = f"{type(err).__name__}: {err}"[:500]
         traceback.print_exc()
+        rows = dict(twin_lessons.Phases.last.rows) if twin_lessons.Phases.last else {}   # the phases before it
     estimate = {name: round(rows[name]["seconds"] * n / 60, 1) for name, n in _training_steps(cfg, lesson).items()
                 if name in rows and not math.isnan(rows[name]["seconds"])}
     params = presets.PRESETS[preset]["lessons"][lesson]
@@ -153,7 +162,7 @@ def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3,
             "params_digest": measured.params_digest(params), **({"error": error} if error else {})}
 
 
-def measure(preset: str, lessons, out_dir, steps: int = 3) -> dict:
+def measure(preset: str, lessons, out_dir, steps: int = 3, only=None) -> dict:
     """Measure ``lessons`` of a GPU ``preset`` on this GPU with twins. Returns ``{lesson: record}``."""
     out_dir = Path(out_dir)
     spec = presets.PRESETS[preset]
@@ -163,7 +172,7 @@ def measure(preset: str, lessons, out_dir, steps: int = 3) -> dict:
         if model_id not in twins:
             twins[model_id] = build_twin(model_id, out_dir / "twins" / model_id.split("/")[-1],
                                          presets._preset_dtype(spec, "cuda"), "cuda")
-        results[lesson] = measure_lesson(preset, lesson, twins[model_id], out_dir / lesson, steps)
+        results[lesson] = measure_lesson(preset, lesson, twins[model_id], out_dir / lesson, steps, only=only)
         print(json.dumps({preset: {lesson: results[lesson]}}), flush=True)
     return results
 
@@ -184,6 +193,8 @@ def main(argv=None) -> int:
     m.add_argument("--preset", nargs="+", default=["t4-16g", "24g", "80g"])
     m.add_argument("--lessons", nargs="+", default=sorted(LESSONS))
     m.add_argument("--steps", type=int, default=3, help="optimizer steps per training phase (default 3)")
+    m.add_argument("--phases", nargs="+", default=None,
+                   help="measure only these phases (lesson 04: 'capstone grpo_step'); the record holds them alone")
     m.add_argument("--work", default="/tmp/twins", help="where twins and trainer outputs go")
     m.add_argument("--out", required=True, help="JSON file for the results (rewritten after each preset)")
     m.add_argument("--memory-gb", type=float, default=None,
@@ -202,7 +213,7 @@ def main(argv=None) -> int:
         report["environment"]["memory_cap_gb"] = args.memory_gb
     for preset in args.preset:
         report["presets"][preset] = measure(preset, [presets._lesson_id(x) for x in args.lessons],
-                                            Path(args.work) / preset, args.steps)
+                                            Path(args.work) / preset, args.steps, args.phases)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         shutil.rmtree(Path(args.work) / preset, ignore_errors=True)
     return 0

@@ -38,7 +38,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "hack_steps":             (20,    30,     30,     30),      # the reward-hacking run
     "hack_learning_rate":     (4.5e-3, 5e-5,  5e-5,   5e-5),    # 4.5x / 5x the real run: the exploit shows quickly
     "hand_steps":             (12,    30,     30,     30),      # the capstone: GRPO with the student's grpo_step
-    "hand_prompts":           (8,     2,      4,      4),       # prompts per step (x G completions, one backward)
+    "hand_prompts":           (8,     2,      2,      4),       # prompts per step (x G completions, one backward)
     "sampled_eval_prompts":   (100,   200,    200,    200),     # held-out prompts for pass@k
     "sweep_prompts":          (32,    64,     64,     64),      # the num_generations x temperature sweep
     "sweep_generations":      (GENERATIONS,) * 4,

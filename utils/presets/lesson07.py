@@ -35,7 +35,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "rl_prompts":             (16,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
     "rl_samples":             (4,     4,      4,      4),       # responses per prompt (rollout.n)
     "rl_minibatches":         (2,     4,      4,      4),       # updates per rollout (batch / ppo_mini_batch_size)
-    "rl_micro_batch":         (32,    4,      8,      8),       # sequences per forward (ppo_micro_batch_size_per_gpu)
+    "rl_micro_batch":         (32,    2,      4,      8),       # sequences per forward (ppo_micro_batch_size_per_gpu)
     "rl_learning_rate":       (1e-4,  1e-5,   1e-5,   1e-5),    # actor (tiny: full fine-tune; GPU: LoRA)
     "critic_learning_rate":   (1e-3,  1e-4,   1e-4,   1e-4),    # critic: a fresh value head learns fast
     "kl_coef":                (0.05,  0.05,   0.05,   0.05),    # algorithm.kl_ctrl.kl_coef (KL in the reward)

@@ -63,11 +63,14 @@ def measured_note(record: dict | None) -> str:
         note += f" (tensors {max(tensors):.1f} GB)"
     if record.get("memory_cap_gb"):
         note += f" with PyTorch capped at {record['memory_cap_gb']:g} GB"
-    main = next((name for name in record.get("training_minutes", {}) if name in record["phases"]), None)
+    minutes = {name: m for name, m in record.get("training_minutes", {}).items() if name in record["phases"]}
+    main = max(minutes, key=minutes.get, default=None)    # the phase that takes the lesson's longest training
+    gpu = record.get("gpu", "NVIDIA H100")     # the first sessions' card, named in the file's environment
     if main:
         phase = record["phases"][main]
         note += f", {phase['seconds']:g} s per {phase['unit']} ({main})"
-    return note + " on an H100 (architecture twin)"
+        gpu = phase.get("gpu", gpu)
+    return note + f" on an {gpu.removeprefix('NVIDIA ')} (architecture twin)"
 
 
 def memory_warning(preset: str, lesson: str, record: dict | None, gpu: dict | None) -> str | None:
