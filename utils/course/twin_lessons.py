@@ -122,11 +122,21 @@ def _load(cfg, path=None, **kw):
     return AutoModelForCausalLM.from_pretrained(path or cfg.model, dtype=dtype, **kw).to(cfg.device)
 
 
-def _lora(cfg):
+def _lora(cfg, task_type="CAUSAL_LM"):
     from peft import LoraConfig
 
     return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+                      target_modules=list(cfg.lora_target_modules), task_type=task_type)
+
+
+def _pairs(tokenizer, cfg, n):
+    """``n`` preference pairs (TRL's conversational format) whose prompt plus answer fills ``cfg.max_length``."""
+    from .. import data
+
+    prompt_len = min(PROMPT_TOKENS, cfg.max_length // 3)
+    return [data.to_preference(p, p["answer"], p["answer"].replace("=", "is"))
+            for p in problems(tokenizer, n, prompt_tokens=prompt_len,
+                              answer_tokens=min(cfg.max_new_tokens, cfg.max_length - prompt_len))]
 
 
 def _generate_batch(phases, name, model, tokenizer, cfg, max_new_tokens, n=1, temperature=1.0):
@@ -224,16 +234,13 @@ def lesson03(cfg, tokenizer, out, steps, resolve=presets.resolve):
     from datasets import Dataset
     from trl import DPOTrainer
 
-    from .. import data, dpo
+    from .. import dpo
 
     phases = Phases()
     sft_model = _load(cfg).eval()
     _generate_batch(phases, "preference sampling", sft_model, tokenizer, cfg, cfg.max_new_tokens, n=cfg.n_samples,
                     temperature=cfg.temperature)
-    prompt_len = min(PROMPT_TOKENS, cfg.max_length // 3)
-    pairs = [data.to_preference(p, p["answer"], p["answer"].replace("=", "is"))
-             for p in problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, prompt_tokens=prompt_len,
-                               answer_tokens=min(cfg.max_new_tokens, cfg.max_length - prompt_len))]
+    pairs = _pairs(tokenizer, cfg, cfg.batch_size * cfg.grad_accum * steps)
     clock = _Clock()
     trainer = DPOTrainer(model=copy.deepcopy(sft_model), ref_model=None if cfg.use_lora else copy.deepcopy(sft_model),
                          processing_class=tokenizer, peft_config=_lora(cfg) if cfg.use_lora else None,
@@ -308,7 +315,6 @@ def _grpo_by_hand(phases, name, sft_model, cfg, tokenizer, out, steps):
             _sync()
             ends.append(time.perf_counter())
     phases.seconds(name, (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else ends[-1] - ctx.t)
-    del policy, opt
 
 
 def lesson04(cfg, tokenizer, out, steps, resolve=presets.resolve, only=None):
@@ -400,18 +406,13 @@ def lesson07(cfg, tokenizer, out, steps, resolve=presets.resolve):
     sft_model = _load(cfg).eval()
     _generate_batch(phases, "pair sampling", sft_model, tokenizer, cfg, cfg.max_new_tokens, n=cfg.n_samples,
                     temperature=cfg.temperature)
-    prompt_len = min(PROMPT_TOKENS, cfg.max_length // 3)
-    pairs = [data.to_preference(p, p["answer"], p["answer"].replace("=", "is"))
-             for p in problems(tokenizer, cfg.batch_size * cfg.grad_accum * steps, prompt_tokens=prompt_len,
-                               answer_tokens=min(cfg.max_new_tokens, cfg.max_length - prompt_len))]
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_target_modules), task_type="SEQ_CLS")
+    pairs = _pairs(tokenizer, cfg, cfg.batch_size * cfg.grad_accum * steps)
     clock = _Clock()
+    args = RewardConfig(**{**training.trainer_kwargs(cfg, out / "rm"), "max_steps": steps, "save_strategy": "no"},
+                        max_length=cfg.max_length, center_rewards_coefficient=cfg.center_rewards_coefficient)
     trainer = RewardTrainer(model=str(cfg.model), processing_class=tokenizer, train_dataset=Dataset.from_list(pairs),
-                            peft_config=lora if cfg.use_lora else None, callbacks=[clock.callback],
-                            args=RewardConfig(**{**training.trainer_kwargs(cfg, out / "rm"), "max_steps": steps,
-                                                 "save_strategy": "no"}, max_length=cfg.max_length,
-                                              center_rewards_coefficient=cfg.center_rewards_coefficient))
+                            peft_config=_lora(cfg, "SEQ_CLS") if cfg.use_lora else None, callbacks=[clock.callback],
+                            args=args)
     with phases("RewardTrainer train", "step") as ctx:
         trainer.train()
     phases.seconds("RewardTrainer train", clock.per_step(ctx.t))
@@ -422,7 +423,7 @@ def lesson07(cfg, tokenizer, out, steps, resolve=presets.resolve):
         "reward_model": trainer.model, "orm": torch.nn.Module()})     # the twin trains no outcome reward model
     ns["rl_problems"] = problems(tokenizer, cfg.rl_prompts * steps)        # GSM8K-length prompts
     with phases("PPO iteration", "iteration", count=steps):
-        policy, run = ns["train_rl"]("ppo", iterations=steps)
+        _, run = ns["train_rl"]("ppo", iterations=steps)
     phases.rows["PPO iteration"]["parts"] = {k: round(v / steps, 2) for k, v in run["clock"].items()}
     phases.seconds("PPO iteration", sum(run["clock"].values()) / steps)
     return phases.rows
