@@ -53,7 +53,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07'\]"):
+    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07', '08'\]"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 

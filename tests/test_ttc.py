@@ -93,3 +93,38 @@ def test_majority_vote_accuracy():
     assert ttc.majority_vote_accuracy(answers, "4", 3, trials=4000) == pytest.approx((2 + 2 * 0.5) / 4, abs=0.03)
     assert ttc.majority_vote_accuracy(answers, "4", 2, seed=1) == ttc.majority_vote_accuracy(answers, "4", 2, seed=1)
     assert math.isclose(ttc.majority_vote_accuracy(["1"], "1", 1), 1.0)
+
+
+def test_equation_holds_and_close():
+    assert ttc.equation_holds("7", "*", "4", "28") and ttc.equation_holds("91", "/", "7", "13.0")
+    assert not ttc.equation_holds("7", "*", "4", "27") and not ttc.equation_holds("5", "/", "0", "0")
+    assert ttc.equation_holds("3", "x", "4", "12") and ttc.equation_holds("10", "-", "12", "-2")
+    assert ttc.close(1e7, 1e7 + 1) and not ttc.close(1.0, 1.001) and not ttc.close(float("inf"), float("inf"))
+
+
+STEP_Q = "Sam has 63 cookies. He buys 28 more cookies. He splits them into 7 equal groups and keeps one group."
+STEP_REF = "After buying more, Sam has 63 + 28 = 91 cookies.\nOne group has 91 / 7 = 13 cookies.\n#### 13"
+
+
+@pytest.mark.parametrize("solution, want", [
+    (STEP_REF, [(39, True), (74, True), (91, True)]),
+    # a right final number reached through a slip: the slip and everything after it are wrong
+    ("After buying more, Sam has 63 + 28 = 82 cookies.\nOne group has 82 / 7 = 13 cookies.\n#### 13",
+     [(39, False), (74, False), (91, False)]),
+    # a skipped step: each equation holds, but 63 / 7 = 9 is not on the reference's path
+    ("One group has 63 / 7 = 9 cookies.\n#### 9", [(24, False), (40, False)]),
+    # an invented operand (30 is in neither the question nor an earlier result)
+    ("After buying more, Sam has 63 + 30 = 93 cookies.\n#### 93", [(39, False), (56, False)]),
+    ("no working at all", []),
+    ("#### 13", [(7, True)]),
+])
+def test_step_labels_on_hand_labelled_answers(solution, want):
+    from utils.solutions.lesson08 import step_labels
+    assert step_labels(STEP_Q, solution, STEP_REF) == want
+
+
+def test_step_labels_never_raise_on_arbitrary_text():
+    from utils.solutions.lesson08 import step_labels
+    for text in ["1 / 0 = 0\n#### 0", "9" * 400 + " * 9 = 1\n####", "#### ####\n\n\n= = =", "\x00 + 1 = 2 ×÷", ""]:
+        labels = step_labels(STEP_Q, text, STEP_REF)
+        assert all(isinstance(e, int) and 0 <= e <= len(text) for e, _ in labels)

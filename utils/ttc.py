@@ -1,4 +1,4 @@
-"""Test-time compute: spend generation instead of training (reference implementations for lesson 05).
+"""Test-time compute: spend generation instead of training (taught in lessons 05 and 08).
 
 Given M sampled completions per problem, each method picks one final answer from a subset of
 N <= M of them:
@@ -30,6 +30,18 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
         "×": lambda a, b: a * b, "/": lambda a, b: a / b if b else math.nan, "÷": lambda a, b: a / b if b else math.nan}
 
 
+def close(x: float, y: float) -> bool:
+    """True when two numbers agree to a relative 1e-6 (absolute below 1): how the verifier compares results."""
+    return abs(x - y) < 1e-6 * max(1.0, abs(x))
+
+
+def equation_holds(a: str, op: str, b: str, c: str) -> bool:
+    """Whether ``a op b = c`` is right (the four strings of one :data:`EQUATION_RE` match); a division by 0 is not.
+    Lesson 08's step labels use it; :func:`verifier_score` counts it over an answer."""
+    value = _OPS[op](float(a), float(b))
+    return math.isfinite(value) and close(value, float(c))
+
+
 def verifier_score(text) -> float:
     """A verifier that does not know the answer: how sound the working of one completion looks.
 
@@ -46,10 +58,7 @@ def verifier_score(text) -> float:
     equations = EQUATION_RE.findall(text[:10_000])
     if final is None or not equations:
         return 0.0
-    right = 0
-    for a, op, b, c in equations:
-        value = _OPS[op](float(a), float(b))
-        right += math.isfinite(value) and abs(value - float(c)) < 1e-6 * max(1.0, abs(value))
+    right = sum(equation_holds(*eq) for eq in equations)
     consistent = rewards.answers_match(final, equations[-1][3])
     return right / len(equations) * (1.0 if consistent else 0.5)
 

@@ -1,0 +1,70 @@
+"""Lesson 08 runs end to end on `tiny` under papermill; its records show each effect it claims."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def records(lesson_runs):
+    return lesson_runs.records("08")
+
+
+def test_best_of_n_with_the_verifier_beats_one_sample(records):
+    # seed 0: one sample 0.203, best-of-16 with the rule verifier 0.406 (± 0.049), pass@16 0.530, over 100 problems
+    m = records["08/ttc_samples"]
+    one, best = records["08/pass_N1"], records[f"08/verifier_N{m}"]
+    assert best - one > 2 * records[f"08/verifier_N{m}_se"], (one, best)
+    assert best <= records[f"08/pass_N{m}"] + 1e-12, "no selection rule beats the oracle"
+    assert records["08/verifier_N1"] == pytest.approx(one), "best-of-1 is one sample"
+
+
+def test_one_sample_is_worse_than_greedy(records):
+    # section 2's first bullet; seed 0: greedy 0.280 on the same 100 problems, one sample 0.203
+    assert records["08/pass_N1"] < records["08/ttc_greedy"]
+
+
+def test_selection_helps_medium_problems_most_and_hard_ones_not_at_all(records):
+    m = records["08/ttc_samples"]
+    gain = {b: records[f"08/verifier_{b}_N{m}"] - records[f"08/verifier_{b}_N1"] for b in ("hard", "medium", "easy")
+            if records[f"08/bucket_{b}_size"]}
+    assert gain["hard"] == 0 and records[f"08/pass_hard_N{m}"] == 0, "nothing right to select on hard problems"
+    assert gain["medium"] == max(gain.values()), gain
+
+
+def test_curves_are_monotone_where_the_lesson_says(records):
+    m = records["08/ttc_samples"]
+    ns = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= m]
+    for key in ("verifier", "pass"):   # the verifier's curve: every N on seed 0; pass@N: by construction
+        curve = [records[f"08/{key}_N{n}"] for n in ns]
+        assert all(a <= b + 1e-12 for a, b in zip(curve, curve[1:])), (key, curve)
+    budgets = sorted(int(k.split("_")[-1]) for k in records if k.startswith("08/budget_") and k[-1].isdigit()
+                     and "steps" not in k)
+    curve = [records[f"08/budget_{b}"] for b in budgets]
+    assert all(a <= b for a, b in zip(curve, curve[1:])), curve
+
+
+def test_the_budget_curve_is_the_truncated_greedy_answer(records):
+    # greedy decoding: the answer under a budget b is the first b tokens of the long answer (seed 0: 100%)
+    assert records["08/budget_truncation_matches"] == 1.0
+    budgets = sorted(int(k.split("_")[-1]) for k in records if k.startswith("08/budget_") and k[-1].isdigit()
+                     and "steps" not in k)
+    assert records[f"08/budget_{budgets[-1]}"] == pytest.approx(records["08/sft_accuracy"], abs=0.01)
+    # more steps need more tokens: the smallest budget at which each level reaches its final accuracy grows
+    def enough(level):
+        final = records[f"08/budget_{budgets[-1]}_steps{level}"]
+        return next(b for b in budgets if records[f"08/budget_{b}_steps{level}"] == final)
+    assert enough(1) < enough(2) < enough(3), [enough(d) for d in (1, 2, 3)]
+
+
+def test_prm_beats_the_base_rate_on_held_out_steps(records):
+    # seed 0: 0.871 ± 0.005 against a base rate of 0.802 over 4870 steps; balanced accuracy 0.730
+    acc, base, n = records["08/prm_step_accuracy"], records["08/prm_step_base_rate"], records["08/prm_heldout_steps"]
+    se = (acc * (1 - acc) / n) ** 0.5
+    assert acc - base > 3 * se, (acc, base, se)
+    assert records["08/prm_step_balanced_accuracy"] > 0.6
+
+
+def test_the_learned_judges_lose_to_the_rule(records):
+    # the lesson's reading: at 1.7 M parameters and one epoch on ~1000 answers neither learned judge checks the
+    # arithmetic; seed 0: PRM -0.266 ± 0.049, ORM -0.226 ± 0.045 against the verifier at N = 16 (paired)
+    for judge in ("prm", "orm"):
+        d, se = records[f"08/{judge}_minus_verifier"], records[f"08/{judge}_minus_verifier_se"]
+        assert d < -2 * se, (judge, d, se)

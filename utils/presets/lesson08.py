@@ -1,0 +1,33 @@
+"""Lesson 08, test-time compute: every knob on every tier (data only; ``presets.resolve`` reads it)."""
+from .tiers import ALL_LINEAR as ALL
+from .tiers import DATASETS, MODELS
+
+KNOBS = {  #                  tiny    t4-16g  24g     80g
+    "model":                  MODELS,
+    "dataset":                DATASETS,
+    "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
+    "sft_steps":              (60,    300,    300,    300),     # lesson 01's recipe, as lesson 05 trains it
+    "n_test":                 (500,   500,    1319,   1319),    # greedy accuracy and the thinking budget
+    "max_new_tokens":         (80,    256,    256,    256),
+    "temperature":            (1.0,   1.0,    1.0,    1.0),
+    "ttc_problems":           (100,   200,    200,    200),     # test-time compute: held-out problems ...
+    "ttc_samples":            (16,    16,     16,     16),      # ... and samples of each (M)
+    "prm_problems":           (128,   1000,   2000,   2000),    # training problems whose samples label the PRM
+    "prm_samples":            (8,     4,      4,      4),       # samples of each
+    "batch_size":             (16,    8,      8,      16),      # labelled answers per forward/backward
+    "grad_accum":             (1,     2,      2,      1),
+    "learning_rate":          (1e-3,  1e-4,   1e-4,   1e-4),    # full fine-tune (tiny) / LoRA (GPU tiers)
+    "max_steps":              (64,    250,    500,    500),     # tiny: one epoch of 128 x 8 answers
+    "warmup_ratio":           (0.0,   0.05,   0.05,   0.05),
+    "use_lora":               (False, True,   True,   True),    # LoRA: task_type TOKEN_CLS, the head trained fully
+    "lora_r":                 (16,    16,     16,     16),
+    "lora_alpha":             (32,    32,     32,     32),
+    "lora_dropout":           (0.0,   0.05,   0.05,   0.05),
+    "lora_target_modules":    (ALL,   ALL,    ALL,    ALL),
+    "eval_batch_size":        (256,   32,     64,     64),
+    "gradient_checkpointing": (False, True,   True,   False),
+    "save_steps":             (0,     0,      0,      0),       # the verifiers train in minutes: no checkpoints
+    "logging_steps":          (4,     10,     10,     10),
+    "budgets":                ((8, 16, 24, 32, 48, 64, 80), (32, 64, 96, 128, 192, 256), (32, 64, 96, 128, 192, 256),
+                               (32, 64, 96, 128, 192, 256)),  # thinking budgets: max_new_tokens of the greedy answer
+}
