@@ -128,3 +128,24 @@ def test_step_labels_never_raise_on_arbitrary_text():
     for text in ["1 / 0 = 0\n#### 0", "9" * 400 + " * 9 = 1\n####", "#### ####\n\n\n= = =", "\x00 + 1 = 2 ×÷", ""]:
         labels = step_labels(STEP_Q, text, STEP_REF)
         assert all(isinstance(e, int) and 0 <= e <= len(text) for e, _ in labels)
+
+
+def test_beam_step_against_a_brute_force_ranking():
+    """Lesson 08's beam step: the kept beams are, among the unfinished candidates, those no other unfinished
+    candidate beats (a higher score, or the same score earlier in the list), `width` of them, best first."""
+    import random
+
+    from utils.solutions.lesson08 import beam_step
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        cands = [f"line {i} = {i}\n" + ("#### 1" if rng.random() < 0.3 else "") for i in range(n)]
+        scores = [rng.choice([0.0, 0.25, 0.5, 1.0]) for _ in range(n)]     # ties are common
+        width = rng.randint(1, 4)
+        beams, finished = beam_step(cands, scores, width)
+        open_ = [i for i, c in enumerate(cands) if not c.endswith("#### 1")]
+        rank = {i: sum((scores[j], -j) > (scores[i], -i) for j in open_) for i in open_}
+        assert beams == [cands[i] for i in sorted(open_, key=rank.get) if rank[i] < width]
+        assert finished == [(c, s) for c, s in zip(cands, scores) if c.endswith("#### 1")]
+    with pytest.raises(ValueError):
+        beam_step(["a\n"], [1.0, 2.0], 1)

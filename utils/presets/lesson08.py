@@ -12,12 +12,12 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "ttc_problems":           (100,   200,    200,    200),     # test-time compute: held-out problems ...
     "ttc_samples":            (16,    16,     16,     16),      # ... and samples of each (M)
-    "prm_problems":           (128,   1000,   2000,   2000),    # training problems whose samples label the PRM
+    "prm_problems":           (64,    1000,   2000,   2000),    # training problems whose samples label the PRM
     "prm_samples":            (8,     4,      4,      4),       # samples of each
     "batch_size":             (16,    8,      8,      16),      # labelled answers per forward/backward
     "grad_accum":             (1,     2,      2,      1),
     "learning_rate":          (1e-3,  1e-4,   1e-4,   1e-4),    # full fine-tune (tiny) / LoRA (GPU tiers)
-    "max_steps":              (64,    250,    500,    500),     # tiny: one epoch of 128 x 8 answers
+    "max_steps":              (32,    250,    500,    500),     # tiny: one epoch of 64 x 8 answers
     "warmup_ratio":           (0.0,   0.05,   0.05,   0.05),
     "use_lora":               (False, True,   True,   True),    # LoRA: task_type TOKEN_CLS, the head trained fully
     "lora_r":                 (16,    16,     16,     16),
@@ -25,9 +25,15 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "lora_dropout":           (0.0,   0.05,   0.05,   0.05),
     "lora_target_modules":    (ALL,   ALL,    ALL,    ALL),
     "eval_batch_size":        (256,   32,     64,     64),
+    "score_batch_size":       (64,    32,     64,     64),      # answers per forward pass of a PRM / ORM
     "gradient_checkpointing": (False, True,   True,   False),
     "save_steps":             (0,     0,      0,      0),       # the verifiers train in minutes: no checkpoints
     "logging_steps":          (4,     10,     10,     10),
+    "beam_width":             (2,     4,      4,      4),       # beam search: partial answers kept at each step ...
+    "beam_expand":            (4,     4,      4,      4),       # ... and lines sampled from each (N: their product)
+    "beam_max_steps":         (6,     16,     16,     16),      # lines an answer may have before its search stops
+    "step_tokens":            (40,    128,    128,    128),     # max_new_tokens of one step (one line)
+    "refine_rounds":          (3,     3,      3,      3),       # self-refinement: rounds of feedback and revision
     "budgets":                ((8, 16, 24, 32, 48, 64, 80), (32, 64, 96, 128, 192, 256), (32, 64, 96, 128, 192, 256),
                                (32, 64, 96, 128, 192, 256)),  # thinking budgets: max_new_tokens of the greedy answer
 }

@@ -65,3 +65,27 @@ def paired_difference(a, b):
     d = [x - y for x, y in zip(a, b)]
     m = sum(d) / len(d)
     return m, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
+# ----------------------------------------------------------------------------- 08-beam
+def beam_step(candidates, scores, width):
+    """One step of beam search over steps, for one problem.
+
+    Args:
+        candidates: list of distinct str, partial answers that each end with one newly sampled line: "...\n" while
+            the answer goes on, or an answer line "#### N" (the candidate is then finished).
+        scores: list of floats, each candidate's process score (higher: more likely on a right path).
+        width: int >= 1, how many unfinished candidates to keep.
+    Returns:
+        (beams, finished): beams, the list of the `width` highest-scoring unfinished candidates, best first, a tie
+        going to the earlier candidate; finished, the list of (candidate, score) of every finished candidate (its
+        last line holds "####"), in the input's order. A finished candidate never takes a beam's place.
+        ValueError when the lengths differ or width < 1.
+    """
+    if len(candidates) != len(scores) or width < 1:
+        raise ValueError(f"need as many scores as candidates and width >= 1, got {len(candidates)}, {len(scores)}, "
+                         f"width={width}")
+    done = ["####" in c.rsplit("\n", 1)[-1] for c in candidates]
+    finished = [(c, s) for c, s, d in zip(candidates, scores, done) if d]
+    open_ = sorted((i for i, d in enumerate(done) if not d), key=lambda i: -scores[i])   # stable: ties keep order
+    return [candidates[i] for i in open_[:width]], finished
