@@ -181,7 +181,6 @@ def test_every_preset_defines_every_lesson_key(lesson_id):
             assert lesson["max_steps"] % 2 == 0 and lesson["beta"] == 0.0
             assert 0 < lesson["soft_punish_cache"] < lesson["max_completion_length"]
             assert lesson["epsilon_high"] > lesson["epsilon"] and lesson["seeds"]
-            assert lesson["ttc_problems"] <= lesson["n_test"]
     assert presets.PRESETS["tiny"]["needs_gpu"] is False
     assert all(spec["needs_gpu"] for name, spec in presets.PRESETS.items() if name != "tiny")
 
@@ -210,7 +209,8 @@ def test_table_and_to_dict():
 def test_every_resolved_value_is_what_it_was(fake_gpu):
     """The presets moved into per-lesson data files (utils/presets/lessonNN.py) without changing a value:
     every lesson on every tier resolves, key by key and type by type, to the snapshot taken before the move
-    (tests/fixtures/resolved_presets.json, from the old utils/presets.py), resolution table included."""
+    (tests/fixtures/resolved_presets.json, from the old utils/presets.py), resolution table included. Lesson 05's
+    ttc_problems and ttc_samples left the snapshot with its test-time section (moved to lesson 08)."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
     got = {}

@@ -87,7 +87,7 @@ PHASES = {
     "02": {"SFTTrainer padded", "SFTTrainer packed", "QLoRA (NF4) padded", "greedy eval"},
     "03": {"preference sampling", "DPO train"},
     "04": {"GRPO train", "greedy eval", "sampled eval", "capstone grpo_step"},
-    "05": {"DAPO train", "RLOO train", "test-time sampling"},
+    "05": {"DAPO train", "RLOO train"},
     "06": {"fp32 eval", "int8 eval", "NF4 eval", "QLoRA train"},
     "07": {"pair sampling", "RewardTrainer train", "PPO iteration"},
 }

@@ -337,15 +337,14 @@ def lesson04(cfg, tokenizer, out, steps, resolve=presets.resolve, only=None):
 
 def lesson05(cfg, tokenizer, out, steps, resolve=presets.resolve):
     """DAPO (GRPOTrainer, two optimizer steps per generation batch) and RLOO, one generation batch each,
-    the SFT model resident; a test-time-compute sampling batch (``ttc_samples`` per prompt)."""
+    the SFT model resident (lesson 05 evaluates it; its test-time-compute sampling moved to lesson 08)."""
     phases = Phases()
     sft_model = _load(cfg).eval()
     per_batch = cfg.steps_per_generation // cfg.grad_accum
     _grpo(phases, "DAPO train", cfg, tokenizer, out / "dapo", per_batch, loss_type="dapo",
           epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high)
     _grpo(phases, "RLOO train", cfg, tokenizer, out / "rloo", per_batch, trainer_cls="rloo", epsilon=cfg.epsilon)
-    _generate_batch(phases, "test-time sampling", sft_model, tokenizer, cfg, cfg.max_completion_length,
-                    n=min(cfg.ttc_samples, cfg.eval_batch_size), temperature=cfg.temperature)
+    del sft_model     # resident through both trainings, as in the lesson
     return phases.rows
 
 

@@ -35,6 +35,4 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "logging_steps":          (1,     5,      5,      5),
     "use_vllm":               (False, False,  False,  False),
     "seeds":                  ([0],   [0],    [0],    [0, 1, 2]),  # SEED + each: every seed trains the four methods
-    "ttc_problems":           (100,   200,    200,    200),     # test-time compute: problems ...
-    "ttc_samples":            (32,    32,     32,     32),      # ... and samples per problem
 }
