@@ -63,7 +63,7 @@ def test_prm_beats_the_base_rate_on_held_out_steps(records):
 
 
 def test_the_learned_judges_lose_to_the_rule(records):
-    # the lesson's reading: at 1.7 M parameters and one epoch on ~1000 answers neither learned judge checks the
+    # the lesson's reading: at 1.7 M parameters and one epoch on 512 answers neither learned judge checks the
     # arithmetic; seed 0: PRM -0.306 ± 0.046, ORM -0.266 ± 0.050 against the verifier at N = 16 (paired)
     for judge in ("prm", "orm"):
         d, se = records[f"08/{judge}_minus_verifier"], records[f"08/{judge}_minus_verifier_se"]
@@ -113,4 +113,8 @@ def test_compute_optimal_tables_are_consistent(records):
     assert records["08/winner_hard_N1_accuracy"] <= records["08/winner_easy_N1_accuracy"]
     d, se = records["08/optimal_minus_single"], records["08/optimal_minus_single_se"]
     assert d == pytest.approx(records["08/optimal_per_question"] - records["08/optimal_single"]) and se > 0
-    assert records["08/cost_break_even_problems"] > 0
+    # the break-even count is printed only against a training gain beyond two standard errors (lesson 05 on tiny: none)
+    if records["08/cost_training_gain_beyond_noise"]:
+        assert records["08/cost_break_even_problems"] > 0
+    else:
+        assert "08/cost_break_even_problems" not in records
