@@ -149,3 +149,9 @@ def test_beam_step_against_a_brute_force_ranking():
         assert finished == [(c, s) for c, s in zip(cands, scores) if c.endswith("#### 1")]
     with pytest.raises(ValueError):
         beam_step(["a\n"], [1.0, 2.0], 1)
+
+
+def test_arithmetic_share_on_hand_counted_equations():
+    assert ttc.arithmetic_share("3 + 4 = 7 and 7 * 2 = 15\n") == 0.5
+    assert ttc.arithmetic_share("Tom has 3 + 4 = 7 apples.\n#### 7") == 1.0
+    assert ttc.arithmetic_share("no equation yet\n") == 0.0 and ttc.arithmetic_share(None) == 0.0

@@ -42,6 +42,16 @@ def equation_holds(a: str, op: str, b: str, c: str) -> bool:
     return math.isfinite(value) and close(value, float(c))
 
 
+def arithmetic_share(text) -> float:
+    """The share of the ``a op b = c`` equations in ``text`` whose arithmetic holds: 0.0 without any (and for
+    non-strings). Never raises. :func:`verifier_score` builds on it; lesson 08's beam search scores a partial
+    answer with it."""
+    if not isinstance(text, str):
+        return 0.0
+    equations = EQUATION_RE.findall(text[:10_000])
+    return sum(equation_holds(*eq) for eq in equations) / len(equations) if equations else 0.0
+
+
 def verifier_score(text) -> float:
     """A verifier that does not know the answer: how sound the working of one completion looks.
 
@@ -58,9 +68,8 @@ def verifier_score(text) -> float:
     equations = EQUATION_RE.findall(text[:10_000])
     if final is None or not equations:
         return 0.0
-    right = sum(equation_holds(*eq) for eq in equations)
     consistent = rewards.answers_match(final, equations[-1][3])
-    return right / len(equations) * (1.0 if consistent else 0.5)
+    return arithmetic_share(text) * (1.0 if consistent else 0.5)
 
 
 def majority_vote(answers):
