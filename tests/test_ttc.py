@@ -123,6 +123,44 @@ def test_step_labels_on_hand_labelled_answers(solution, want):
     assert step_labels(STEP_Q, solution, STEP_REF) == want
 
 
+@pytest.mark.parametrize("text, equations", [
+    ("1,200 * 3 = 3,600", [("1,200", "*", "3", "3,600")]),                   # thousands separators
+    ("$5 x 3 = $15 in all", [("$5", "x", "3", "$15")]),                       # dollars
+    ("Natalia sold 48/2 = <<48/2=24>>24 clips", [("48", "/", "2", "24")]),    # GSM8K's calculator markup
+    ("<<20*.05=1>>1 dollar", [("20", "*", ".05", "1")]),                      # a bare decimal point
+    ("3 + 4 = 7, then 7 * 2 = 14", [("3", "+", "4", "7"), ("7", "*", "2", "14")]),
+    ("10-12=-2", [("10", "-", "12", "-2")]),
+    ("1,20 + 1 = 2", []), ("12,3456 * 2 = 1", []),                            # not numbers: never a tail of one
+])
+def test_equations_as_gsm8k_writes_them(text, equations):
+    assert ttc.EQUATION_RE.findall(text) == equations
+    assert all(ttc.equation_holds(*eq) for eq in equations)
+
+
+def test_numbers_and_their_values():
+    assert ttc.NUMBER_RE.findall("A $1,200 car, 3.5 km, .5 kg, 10-12, 1,20") == ["$1,200", "3.5", ".5", "10", "12"]
+    assert [ttc.value(x) for x in ("$1,200", "-.5", "3,600.25", "7")] == [1200.0, -0.5, 3600.25, 7.0]
+    assert ttc.verifier_score("He pays 1,200 * 3 = $3,600.\n#### 3,600") == 1.0
+
+
+GSM_Q = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+         "How many clips did Natalia sell altogether in April and May?")
+GSM_REF = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+           "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+
+
+@pytest.mark.parametrize("solution, want", [
+    (GSM_REF, [True, True, True]),                                            # the reference, markup and all
+    ("She sold 48 / 2 = 24 clips in May.\nIn all 48 + 24 = 72.\n#### 72", [True, True, True]),  # "half": a 2
+    ("In all 48 + 24 = 72.\n#### 72", [False, False]),                        # 24 used before it is computed
+    ("She sold 48 / 3 = 16 clips in May.\nIn all 48 + 16 = 64.\n#### 64", [False, False, False]),  # 3 is nowhere
+])
+def test_step_labels_on_gsm8k_format(solution, want):
+    from utils.solutions.lesson08 import step_labels
+    assert [right for _, right in step_labels(GSM_Q, solution, GSM_REF)] == want
+    assert ttc.verifier_score(GSM_REF) == 1.0
+
+
 def test_step_labels_never_raise_on_arbitrary_text():
     from utils.solutions.lesson08 import step_labels
     for text in ["1 / 0 = 0\n#### 0", "9" * 400 + " * 9 = 1\n####", "#### ####\n\n\n= = =", "\x00 + 1 = 2 ×÷", ""]:

@@ -60,7 +60,8 @@ SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_att
 SHRINK = dict(batch_size=2, packed_batch_size=2, grad_accum=1, max_length=64, max_new_tokens=8,
               max_completion_length=8, eval_batch_size=4, n_samples=2, num_generations=2, prompts_per_step=2,
               ttc_samples=2, lora_r=4, lora_alpha=8, gradient_checkpointing=True, hand_prompts=1,
-              rl_pool=20, rl_prompts=2, rl_samples=2, rl_micro_batch=2, rl_minibatches=2)
+              rl_pool=20, rl_prompts=2, rl_samples=2, rl_micro_batch=2, rl_minibatches=2, step_tokens=8,
+              score_batch_size=3, beam_width=2, beam_expand=2)
 
 
 def small_resolve(preset, lesson, **overrides):
@@ -90,6 +91,7 @@ PHASES = {
     "05": {"DAPO train", "RLOO train"},
     "06": {"fp32 eval", "int8 eval", "NF4 eval", "QLoRA train"},
     "07": {"pair sampling", "RewardTrainer train", "PPO iteration"},
+    "08": {"sampled eval", "PRM train", "ORM train", "PRM scoring", "PRM beam search"},
 }
 
 
@@ -116,6 +118,20 @@ def test_lesson07_runs_the_lessons_own_loop(small_twin, tmp_path):
     ppo = record["phases"]["PPO iteration"]
     assert set(ppo["parts"]) == {"generate", "score and advantages", "update policy", "update critic"}
     assert ppo["seconds"] == pytest.approx(sum(ppo["parts"].values()), abs=0.03)
+
+
+def test_lesson_defs_define_the_lessons_functions_without_running_its_experiments():
+    """Lesson 08's twin takes the notebook's functions, not its cells' runs (those need the lesson's whole state:
+    in an empty namespace they would raise NameError)."""
+    from utils.course import twin_judges
+
+    ns = twin_judges._lesson_defs("08_test_time_compute.ipynb", ["prm-data", "prm-train", "prm-eval", "beam-search"],
+                                   {"torch": torch})   # the decorator of token_probs
+    assert all(callable(ns[f]) for f in ("labelled_rows", "train_token_classifier", "token_probs", "beam_search",
+                                         "prm_score"))
+    assert not {"prm_rows", "prm", "beam"} & set(ns)
+    assert twin_judges.beam_problems(small_resolve("80g", "08")) == 1          # 4 sequences // (2 x 2) lines
+    assert twin_judges.beam_problems(small_resolve("80g", "08", eval_batch_size=64, beam_width=4, beam_expand=4)) == 4
 
 
 def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_path):

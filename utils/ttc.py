@@ -24,10 +24,19 @@ from collections import Counter
 
 from utils import rewards
 
-_NUM = r"-?\d+(?:\.\d+)?"
+# A number as written in answers: a sign, a "$", thousands separators in groups of three ("1,200"), a decimal
+# part or only one (".5", as GSM8K's "<<20*.05=1>>"). Not inside another number: "1,200" is never read as "200".
+_NUM = r"(?<![\d.,])-?\$?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?!\d|[.,]\d)"
+NUMBER_RE = re.compile(_NUM, re.ASCII)
 EQUATION_RE = re.compile(rf"({_NUM})\s*([-+*/x×÷])\s*({_NUM})\s*=\s*({_NUM})")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "x": lambda a, b: a * b,
         "×": lambda a, b: a * b, "/": lambda a, b: a / b if b else math.nan, "÷": lambda a, b: a / b if b else math.nan}
+
+
+def value(number: str) -> float:
+    """The value of one :data:`NUMBER_RE` match (or one group of an :data:`EQUATION_RE` match): ``"$1,200.5"`` ->
+    1200.5, ``"-.5"`` -> -0.5. Lesson 08's step labels compare numbers through it."""
+    return float(number.replace(",", "").replace("$", ""))
 
 
 def close(x: float, y: float) -> bool:
@@ -38,8 +47,8 @@ def close(x: float, y: float) -> bool:
 def equation_holds(a: str, op: str, b: str, c: str) -> bool:
     """Whether ``a op b = c`` is right (the four strings of one :data:`EQUATION_RE` match); a division by 0 is not.
     Lesson 08's step labels use it; :func:`verifier_score` counts it over an answer."""
-    value = _OPS[op](float(a), float(b))
-    return math.isfinite(value) and close(value, float(c))
+    result = _OPS[op](value(a), value(b))
+    return math.isfinite(result) and close(result, value(c))
 
 
 def arithmetic_share(text) -> float:

@@ -8,7 +8,7 @@
 * ``grading`` / ``grade``  -- re-running answers and checks, and grading a class (``python -m utils grade``)
 * ``submissions`` / ``sandbox`` -- reading a class's submissions safely; the bubblewrap sandbox each one runs in
 * ``handout``              -- a student repository without the answers (``python -m utils handout``)
-* ``twins`` / ``twin_lessons`` -- architecture twins: the GPU presets measured on any CUDA GPU
+* ``twins`` / ``twin_lessons`` / ``twin_judges`` -- architecture twins: the GPU presets measured on any CUDA GPU
 * ``tiny``                 -- building the embedded tiny model
 
 Dependencies point one way: these modules import the lesson modules of ``utils`` (``presets``,

@@ -39,7 +39,8 @@ from .. import presets, runtime
 from ..constants import TINY_MODEL_DIR
 from ..presets import measured
 from . import twin_lessons
-from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07
+from .twin_judges import beam_problems, lesson07, lesson08
+from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
 
 # config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
 ARCHITECTURES: dict[str, dict] = {
@@ -110,7 +111,7 @@ def parameter_count(model_id: str) -> int:
 
 
 LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06,
-           "07": lesson07}
+           "07": lesson07, "08": lesson08}
 
 
 def _training_steps(cfg, lesson: str) -> dict:
@@ -129,6 +130,11 @@ def _training_steps(cfg, lesson: str) -> dict:
         return {"DAPO train": 3 * batches * len(cfg.seeds), "RLOO train": batches * len(cfg.seeds)}
     if lesson == "07":   # the reward model; one RL run (PPO's, the dearest of the four estimators)
         return {"RewardTrainer train": cfg.max_steps, "PPO iteration": cfg.rl_iterations}
+    if lesson == "08":   # the two verifiers; every sampled batch; both beam searches at the PRM's price per round
+        answers = cfg.ttc_problems * cfg.ttc_samples + cfg.prm_problems * cfg.prm_samples
+        return {"PRM train": cfg.max_steps, "ORM train": cfg.max_steps,
+                "sampled eval": math.ceil(answers / cfg.eval_batch_size),
+                "PRM beam search": 2 * cfg.beam_max_steps * math.ceil(cfg.ttc_problems / beam_problems(cfg))}
     return {"QLoRA train": cfg.qlora_steps}
 
 
