@@ -78,8 +78,8 @@ def test_lesson_modules_never_import_the_tooling_or_the_answers():
 def test_tooling_is_apart():
     """The course tooling lives in utils/course; what is left at the top of utils is what lessons import."""
     top = {p.stem for p in UTILS_DIR.glob("*.py")} - {"__init__", "__main__"}
-    assert top == {"constants", "data", "dpo", "evaluation", "headlines", "plots", "ppo", "quant", "records", "rewards", "rl",
-                   "runtime", "sft", "training", "ttc", "verl_export"}, top
+    assert top == {"agent", "constants", "data", "dpo", "evaluation", "headlines", "plots", "ppo", "quant", "records",
+                   "rewards", "rl", "runtime", "sft", "tools", "training", "ttc", "verl_export"}, top
     notebooks = " ".join(p.read_text() for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
     reexported = {"records": "utils.record(", "headlines": "utils.headline("}   # utils/__init__.py
     for name in top - {"constants"}:

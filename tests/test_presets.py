@@ -53,7 +53,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_unknown_lesson_lists_defined_lessons():
-    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07', '08'\]"):
+    with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07', '08', '09'\]"):
         presets.resolve("tiny", lesson="99")
     assert presets.resolve("tiny", lesson=1).lesson == "01"
 
@@ -170,8 +170,9 @@ def test_every_preset_defines_every_lesson_key(lesson_id):
         assert lesson["difficulty"] in (1, 2, 3, "mixed")
         if "max_length" in lesson:
             assert lesson["max_new_tokens"] < lesson["max_length"] or name == "tiny"
-        if lesson_id == "04":   # one optimizer step = one generation batch of whole groups (on-policy)
+        if lesson_id in ("04", "09"):   # one optimizer step = one generation batch of whole groups (on-policy)
             assert lesson["batch_size"] * lesson["grad_accum"] == lesson["prompts_per_step"] * lesson["num_generations"]
+        if lesson_id == "04":
             assert lesson["num_generations"] in lesson["sweep_generations"]
             assert lesson["temperature"] in lesson["sweep_temperatures"]
         if lesson_id == "05":   # one generation batch of whole groups = two optimizer steps

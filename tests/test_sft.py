@@ -149,6 +149,15 @@ def test_train_sft_few_steps_lowers_loss(tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0]
 
 
+def test_train_sft_on_given_examples_uses_them_instead_of_the_problems(tmp_path):
+    """Lesson 09 trains its tool traces with the same recipe: ``examples`` replace the problems' chat answers."""
+    cfg = presets.resolve("tiny", "01", max_steps=1, logging_steps=1, batch_size=2)
+    model, tok = tiny.load()
+    examples = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]}] * 4
+    trainer = sft.train_sft(model, tok, [], cfg, tmp_path, examples=examples)
+    assert trainer.train_dataset is examples and trainer.state.global_step == 1
+
+
 def test_sft_config_keeps_the_presets_precision(tmp_path, recwarn):
     """SFTConfig alone would turn on bf16 and gradient checkpointing; the preset's choices win."""
     cfg = presets.resolve("tiny", "02")

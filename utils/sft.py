@@ -229,10 +229,12 @@ class TokenCounter:
 
 
 def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Path, resume: bool = False,
-              callbacks=None, **overrides):
+              callbacks=None, examples: list[dict] | None = None, **overrides):
     """Chat-format SFT with ``transformers.Trainer``, the loss mask above and :func:`pack`ed batches.
 
-    Trains all weights when the preset says ``full_finetune``, else LoRA adapters.
+    Trains all weights when the preset says ``full_finetune``, else LoRA adapters. ``examples``: already
+    tokenized ``{"input_ids", "labels"}`` to train on instead of ``problems``' chat-format answers (lesson 09's
+    tool traces), with the same recipe.
     Returns the trainer (``trainer.model`` is trained; ``trainer.state.log_history``
     holds the curves). With ``resume=True`` it continues from the newest checkpoint
     in ``output_dir`` when there is one. ``callbacks``: extra ``TrainerCallback``s (e.g. a step clock).
@@ -244,7 +246,8 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
     if not cfg.full_finetune:
         model = with_lora(model, cfg)
         overrides.setdefault("learning_rate", cfg.lora_learning_rate)
-    train = [tokenize_sft_example(tokenizer, data.to_messages(p), cfg.max_length) for p in problems]
+    train = examples if examples is not None else [
+        tokenize_sft_example(tokenizer, data.to_messages(p), cfg.max_length) for p in problems]
     trainer = quiet(Trainer(model=model, args=training_arguments(cfg, output_dir, **overrides), train_dataset=train,
                             data_collator=lambda b: pack(b, tokenizer.pad_token_id, cfg.max_length),
                             callbacks=callbacks))

@@ -107,6 +107,71 @@ def export_parquet(train_problems: Iterable[dict], test_problems: Iterable[dict]
     return paths
 
 
+TOOL_FILE = UTILS_DIR / "tools.py"
+TOOL_CLASS_FILE = UTILS_DIR / "assets" / "verl_calculator_tool.py"
+TOOL_AGENT = "tool_agent"                    # verl 0.9.1's registered multi-turn agent loop
+
+
+def tool_config() -> dict:
+    """verl's tool config for the calculator (``actor_rollout_ref.rollout.multi_turn.tool_config_path``): the
+    class by its import path in the export folder, and the OpenAI schema ``transformers`` derives from
+    :func:`utils.tools.calculator` (what the TRL lesson's chat template renders)."""
+    from transformers.utils import get_json_schema
+
+    from .tools import calculator
+
+    schema = get_json_schema(calculator)
+    schema["function"].pop("return", None)         # not part of OpenAI's function schema
+    return {"tools": [{"class_name": "calculator_tool.CalculatorTool", "config": {"type": "native"},
+                       "tool_schema": schema}]}
+
+
+def export_tool_task(train_problems: Iterable[dict], test_problems: Iterable[dict], out_dir,
+                     data_source: str = GSM8K_SOURCE, system: str | None = None) -> dict[str, Path]:
+    """The calculator task for verl's multi-turn agent loop (lesson 09): :func:`export_parquet`'s rows with
+    ``agent_name = "tool_agent"`` and ``extra_info.tools_kwargs`` (the ground truth as the calculator's
+    ``create_kwargs``: verl 0.9.1 passes them to every call's ``create``, and pyarrow cannot store an empty
+    one), plus ``tool_config.yaml``, ``calculator.py`` (a copy of ``utils/tools.py``) and
+    ``calculator_tool.py`` (the ``BaseTool`` around it). Put ``out_dir`` on ``PYTHONPATH`` for verl.
+
+    Returns:
+        ``{"train", "test", "reward", "tool_config", "calculator", "calculator_tool"}`` paths.
+    """
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = export_parquet(train_problems, test_problems, out_dir, data_source=data_source, system=system)
+    for split in ("train", "test"):
+        rows = pq.read_table(paths[split]).to_pylist()
+        for row in rows:
+            row["agent_name"] = TOOL_AGENT
+            row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {
+                "ground_truth": row["reward_model"]["ground_truth"]}}}
+            row["extra_info"]["need_tools_kwargs"] = True
+        pq.write_table(pa.Table.from_pylist(rows), paths[split])
+    out = Path(out_dir)
+    paths["tool_config"] = out / "tool_config.yaml"
+    paths["tool_config"].write_text(json.dumps(tool_config(), indent=1) + "\n")   # JSON is YAML
+    paths["calculator"] = out / "calculator.py"
+    shutil.copyfile(TOOL_FILE, paths["calculator"])
+    paths["calculator_tool"] = out / "calculator_tool.py"
+    shutil.copyfile(TOOL_CLASS_FILE, paths["calculator_tool"])
+    return paths
+
+
+def tool_overrides(data_dir, max_assistant_turns: int = 6, max_tool_response_length: int = 64) -> dict:
+    """The multi-turn keys of verl 0.9.1 for :func:`export_tool_task`'s folder, for ``main_ppo_overrides(extra=)``:
+    the tool config, Hermes-style ``<tool_call>`` parsing (Qwen's format), the turn limit and the tool text's
+    cap. The rows' ``agent_name`` picks the tool agent loop; rollouts are asynchronous (0.9.1 has no sync mode)."""
+    base = "actor_rollout_ref.rollout."
+    return {base + "mode": "async", base + "multi_turn.enable": True,
+            base + "multi_turn.tool_config_path": str(Path(_local(data_dir)) / "tool_config.yaml"),
+            base + "multi_turn.format": "hermes", base + "multi_turn.max_assistant_turns": max_assistant_turns,
+            base + "multi_turn.max_tool_response_length": max_tool_response_length}
+
+
 def _local(path) -> str:
     """An existing local path made absolute (verl's Ray workers may run elsewhere); anything
     else (a Hub model id, a path on the cluster) as given."""

@@ -1,0 +1,125 @@
+"""Tool use in the chat format (utils/agent.py): the tiny tokenizer's tool template against TRL's own checks and
+parser, the traces SFT trains on, and the embedding rows the new tokens get."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from utils import agent, data
+from utils.tools import calculator
+
+SAM = data.make_problems(3, "test", seed=0)[2]       # 63 + 28 = 91, 91 / 7 = 13
+NATALIA = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                       "How many clips did Natalia sell altogether in April and May?",
+           "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                     "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return agent.tool_tokenizer()
+
+
+def test_trl_accepts_the_template(tok):
+    """GRPOTrainer(tools=...) refuses a template that cannot render tools, and rewrites one that is not prefix-
+    preserving (it raises for a template it does not know): ours passes both checks as it is."""
+    from trl.chat_template_utils import (
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
+
+    assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
+    assert get_training_chat_template(tok) is None          # has {% generation %} markers and is prefix-preserving
+
+
+def test_trace_of_a_synthetic_answer(tok):
+    messages = agent.tool_trace(SAM, calculator)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["tool_calls"][0]["function"]["arguments"]["expression"] for m in messages if "tool_calls" in m] == \
+        ["63 + 28", "91 / 7"]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["91", "13"]
+    written = "\n".join(m["content"] for m in messages[1:] if m["role"] == "assistant" and m["content"])
+    assert written == SAM["answer"], "the assistant writes the reference's lines, in order, once each"
+
+
+def test_trace_of_a_gsm8k_answer_calls_its_annotations(tok):
+    messages = agent.tool_trace(NATALIA, calculator)
+    calls = [m["tool_calls"][0]["function"]["arguments"]["expression"] for m in messages if "tool_calls" in m]
+    assert calls == ["48/2", "48+24"] and messages[-1]["content"].endswith("#### 72")
+    assert not any("<<" in m["content"] for m in messages), "the annotations become calls, not text"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_trace_never_raises(answer):
+    messages = agent.tool_trace({"question": "q", "answer": answer}, calculator)
+    assert messages[0]["role"] == "user" and messages[-1]["role"] == "assistant"
+
+
+def test_rendered_trace_round_trips_and_costs_few_tokens(tok):
+    text = tok.apply_chat_template(agent.tool_trace(SAM, calculator), tools=[calculator], tokenize=False)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text
+    call = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "63 + 28"}}\n</tool_call><|im_end|>\n'
+            "<|im_start|>user\n<tool_response>\n91\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert len(tok(call, add_special_tokens=False)["input_ids"]) == 22
+
+
+def test_trl_parses_a_generated_call(tok):
+    from trl.chat_template_utils import parse_response
+
+    prompt_ids = tok.apply_chat_template([{"role": "user", "content": SAM["question"]}], tools=[calculator],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+    text = 'After buying more, Sam has 63 + 28 = 91 cookies.\n<tool_call>\n{"name": "calculator", "arguments": ' \
+           '{"expression": "91 / 7"}}\n</tool_call><|im_end|>'
+    parsed = parse_response(tok, tok(text, add_special_tokens=False)["input_ids"], prefix=prompt_ids,
+                            tools=[calculator])
+    assert parsed["content"] == "After buying more, Sam has 63 + 28 = 91 cookies."   # the line break is markup
+    assert parsed["tool_calls"] == [agent.tool_call("91 / 7")]
+
+
+def test_assistant_mask_leaves_out_the_tool_results(tok):
+    enc = tok.apply_chat_template(agent.tool_trace(SAM, calculator), tools=[calculator], tokenize=True,
+                                  return_dict=True, return_assistant_tokens_mask=True)
+    trained = tok.decode([i for i, m in zip(enc["input_ids"], enc["assistant_masks"]) if m])
+    assert "<tool_response>" not in trained and "91\n</tool_response>" not in trained
+    assert trained.count("<tool_call>") == 2 and trained.endswith("#### 13<|im_end|>")
+
+
+def test_resize_keeps_the_pretrained_rows(tok):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(agent.TINY_MODEL_DIR)
+    before = model.get_input_embeddings().weight.detach().clone()
+    agent.resize_for_tools(model, tok)
+    after = model.get_input_embeddings().weight
+    assert after.shape[0] == len(tok) == before.shape[0] + len(agent.TOOL_TOKENS)
+    assert torch.equal(after[:before.shape[0]], before) and torch.isfinite(after).all()
+    assert agent.resize_for_tools(model, tok).get_input_embeddings().weight.shape[0] == len(tok)   # idempotent
+
+
+def test_trl_replay_runs_trls_loop_on_given_turns(tok, tmp_path):
+    """agent.trl_replay drives GRPOTrainer's own multi-turn loop: TRL parses the call, runs the calculator and
+    appends a tool turn that is exactly the template's rendering of the result (mask 0), then the next turn (1)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from utils.constants import TINY_MODEL_DIR
+
+    model = agent.resize_for_tools(AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR), tok)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=160, max_steps=1, report_to="none", save_strategy="no", bf16=False)
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": SAM["question"]}]}] * 2)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                          train_dataset=ds, processing_class=tok, tools=[calculator])
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]
+    turns = [enc(agent.TOOL_TOKENS[4] + "63 + 28" + agent.TOOL_TOKENS[5] + "<|im_end|>"),
+             enc("Sam has 63 + 28 = 91.\n#### 91<|im_end|>")]
+    suffix = enc("\n") + tok.apply_chat_template([{"role": "tool", "name": "calculator", "content": "91"}],
+                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids, mask = agent.trl_replay(trainer, [{"role": "user", "content": SAM["question"]}], turns)
+    assert ids == turns[0] + suffix + turns[1]
+    assert mask == [1] * len(turns[0]) + [0] * len(suffix) + [1] * len(turns[1])
+    assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n91\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
