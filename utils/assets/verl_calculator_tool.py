@@ -20,26 +20,19 @@ class CalculatorTool(BaseTool):
     """``execute`` returns the calculator's text (a result, or ``"error: ..."``), a step reward of 0.0 (the
     reward is the final answer's, as in the lesson) and ``{"error": bool}`` as the call's metrics."""
 
-    def __init__(self, config: dict, tool_schema):
-        super().__init__(config, tool_schema)
-        self._calls: dict[str, int] = {}
-
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         instance_id = instance_id or str(uuid4())
-        self._calls[instance_id] = 0
         return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
-        self._calls[instance_id] = self._calls.get(instance_id, 0) + 1
         if isinstance(parameters, dict) and "expression" in parameters:
             text = calculator(parameters["expression"])
         else:   # the model named the argument wrongly: say which one the tool takes
             text = 'error: the calculator takes one argument, "expression", e.g. {"expression": "63 + 28"}'
-
         return ToolResponse(text=text), 0.0, {"error": text.startswith("error: ")}
 
     async def calc_reward(self, instance_id: str, **kwargs) -> float:
         return 0.0
 
     async def release(self, instance_id: str, **kwargs) -> None:
-        self._calls.pop(instance_id, None)
+        return None   # the calculator keeps no state per instance
