@@ -16,14 +16,17 @@ def test_sft_with_trl_teaches_the_chat_format(records):
     assert 0 < records["02/eval_loss_final"] < 0.5
 
 
-def test_packing_beats_padding(records):
-    assert records["02/tokens_per_s_packed"] > records["02/tokens_per_s_padded"]
+def test_packing_removes_padding_and_one_flat_row_costs_attention(records):
+    """The counts behind section 3, the same on every run. The tokens/s beside them are one short timing each on a
+    shared machine (packed rows / padded: x1.18 in one run, x1.00 in a CI run of the same commit), so no test reads
+    their order: the lesson prints which was fastest instead of asserting it."""
     assert records["02/padding_fraction_packed"] < records["02/padding_fraction_padded"]
     assert records["02/padding_fraction_padded"] > 0.15, "mixed-length problems should waste padding"
-    assert records["02/tokens_per_s_padding_free"] > 0
-    # "without FlashAttention, packed rows were the fastest here": padding-free's one long row pays attention over
-    # the whole batch on a CPU (4.1-4.3 k tokens/s against 11.2-11.6 k in seeds 0-2)
-    assert records["02/tokens_per_s_packed"] > records["02/tokens_per_s_padding_free"]
+    for name in ("padded", "packed", "padding_free"):
+        assert records[f"02/tokens_per_s_{name}"] > 0
+    # "their one long row computes ... many times the pairs per token of packed rows": without FlashAttention the
+    # padding-free batch is one (1, N) row with a dense N x N mask
+    assert records["02/pairs_per_token_padding_free"] > 5 * records["02/pairs_per_token_packed"]
 
 
 def test_lora_and_qlora_figures(records):

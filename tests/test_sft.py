@@ -173,7 +173,12 @@ def test_token_counter_counts_padding():
     counter([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4], "labels": [4]}])
     assert (counter.tokens, counter.positions) == (4, 6)
     assert counter.padding_fraction == pytest.approx(2 / 6)
-    assert sft.TokenCounter(None).padding_fraction == 0.0
+    assert counter.pairs == 2 * 3 ** 2 and counter.pairs_per_token == pytest.approx(18 / 4)
+    flat = sft.TokenCounter(lambda b: l01.collate([{"input_ids": sum((e["input_ids"] for e in b), []),
+                                                      "labels": sum((e["labels"] for e in b), [])}], pad_token_id=0))
+    flat([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4], "labels": [4]}])
+    assert (flat.positions, flat.pairs) == (4, 16), "one flattened row of 4 tokens: 4 x 4 pairs"
+    assert sft.TokenCounter(None).padding_fraction == 0.0 and sft.TokenCounter(None).pairs_per_token == 0.0
     with pytest.raises(ValueError, match="callback"):
         counter.tokens_per_s
 

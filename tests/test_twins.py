@@ -253,7 +253,8 @@ def test_resolve_prints_the_warning_on_a_small_gpu(fake_gpu, monkeypatch, capsys
 def test_capped_records_stayed_under_their_cap():
     capped = [(name, lesson, r) for name, records in committed()["presets"].items()
               for lesson, r in records.items() if r.get("memory_cap_gb")]
-    assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05"), ("t4-16g", "07")}
+    assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05"), ("t4-16g", "07"),
+                                                          ("t4-16g", "08"), ("24g", "08"), ("80g", "08")}
     for _, _, record in capped:
         assert "error" not in record and record["peak_gb"] <= record["memory_cap_gb"]
         assert all(p["allocated_gb"] <= p["peak_gb"] for p in record["phases"].values())
@@ -278,3 +279,46 @@ def test_a_record_measured_on_another_gpu_names_it():
     assert presets.measured_note("t4-16g", "07").endswith(", 24.17 s per iteration (PPO iteration) on an H200 "
                                                           "(architecture twin)")
     assert presets.measured_note("24g", "07") == "unmeasured"
+
+
+def test_each_lessons_header_cites_its_measurement():
+    """A lesson's GPU rows quote the twin's peak (and the card it ran on) where one was measured, and quote none
+    where none was: lesson 07's t4-16g row still said "no GPU was lent" a session after its twin had run."""
+    import nbformat
+
+    from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
+
+    notebooks = sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB))
+    assert len(notebooks) >= 9
+    for notebook in notebooks:
+        lesson, header = notebook.name[:2], nbformat.read(notebook, as_version=4).cells[0].source
+        for preset in presets._gpu_presets():
+            (row,) = [line for line in header.splitlines() if line.startswith(f"| `{preset}` |")]
+            record = presets.measurement(preset, lesson)
+            if record is None:
+                assert " GB" not in row.rsplit("|", 2)[1], (lesson, preset, row)   # the time column: no figure
+            else:
+                assert f"{record['peak_gb']:.1f} GB" in row, (lesson, preset, row)
+                gpus = {record.get("gpu")} | {phase.get("gpu") for phase in record["phases"].values()}
+                assert ("H200" in row) == ("NVIDIA H200" in gpus), (lesson, preset, row)
+
+
+def test_the_readme_table_quotes_the_committed_peaks():
+    """Each row of the README's GPU table quotes the JSON's peak (the capstone rows: that phase's), and a lesson
+    whose record has no phases has a row of dashes, so a new measurement cannot leave the table behind."""
+    import re
+
+    from utils.constants import REPO_ROOT
+
+    rows = re.findall(r"^\| `([\w-]+)` \| (\d\d) ([^|]*)\| ([^|]*)\|", (REPO_ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 24
+    for preset, lesson, label, peak in rows:
+        record = committed()["presets"][preset][lesson]
+        if "capstone" in label:
+            want = record["phases"]["capstone grpo_step"]["peak_gb"]
+        elif not record["phases"]:
+            assert peak.strip() == "–", (preset, lesson, peak)
+            continue
+        else:
+            want = max(p["peak_gb"] for name, p in record["phases"].items() if name != "capstone grpo_step")
+        assert abs(float(peak.split(",")[0]) - want) <= 0.05 + 1e-9, (preset, lesson, label, peak, want)  # 1 decimal

@@ -172,7 +172,10 @@ class TokenCounter:
 
     Wraps a collator: ``tokens`` (real tokens of the examples) and ``positions`` (cells of
     the batch tensors, padding included) accumulate over every batch, so
-    ``padding_fraction`` = 1 - tokens / positions. Added as a trainer callback it also
+    ``padding_fraction`` = 1 - tokens / positions. ``pairs`` counts the query-key pairs of
+    attention with a dense mask (SDPA or eager: a CPU, a T4), T**2 per row of a (B, T) batch,
+    masked or not, so ``pairs_per_token`` is the attention work per real token, whatever the
+    clock says (taught in lesson 02). Added as a trainer callback it also
     timestamps the end of every optimizer step, and ``tokens_per_s`` is the real tokens of
     steps 2..N over their wall time: the first step (lazy initialisation, warm-up) is left
     out. Usage::
@@ -189,6 +192,7 @@ class TokenCounter:
         self.collator = collator
         self.batch_tokens: list[int] = []   # per collated batch, in order
         self.positions = 0
+        self.pairs = 0
         self.step_ends: list[float] = []    # time.perf_counter() at the end of each optimizer step
         self.grad_accum = 1
         counter = self
@@ -205,7 +209,9 @@ class TokenCounter:
     def __call__(self, examples):
         batch = self.collator(examples)
         self.batch_tokens.append(sum(len(e["input_ids"]) for e in examples))
-        self.positions += batch["input_ids"].numel()
+        rows, length = batch["input_ids"].shape
+        self.positions += rows * length
+        self.pairs += rows * length ** 2
         return batch
 
     @property
@@ -215,6 +221,10 @@ class TokenCounter:
     @property
     def padding_fraction(self) -> float:
         return 1.0 - self.tokens / self.positions if self.positions else 0.0
+
+    @property
+    def pairs_per_token(self) -> float:
+        return self.pairs / self.tokens if self.tokens else 0.0
 
     @property
     def tokens_per_s(self) -> float:
