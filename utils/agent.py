@@ -129,8 +129,6 @@ def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[lis
     Returns:
         (completion_ids, tool_mask): two lists of equal length, TRL's (1 on the model's tokens, 0 on the tool's).
     """
-    import copy as _copy
-
     from trl.chat_template_utils import parse_response
 
     tok = trainer.processing_class
@@ -144,7 +142,7 @@ def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[lis
     trainer._async_tool_dicts = [{}]
     try:
         first = parse_response(tok, list(turns[0]), prefix=prompt_ids, tools=trainer.tools)
-        out = trainer._tool_call_loop([_copy.deepcopy(prompt)], [prompt_ids], [list(turns[0])], [[first]], None,
+        out = trainer._tool_call_loop([copy.deepcopy(prompt)], [prompt_ids], [list(turns[0])], [[first]], None,
                                       None, None)
     finally:
         trainer._generate_single_turn, trainer._sync_tool_dicts, trainer._async_tool_dicts = saved

@@ -29,7 +29,7 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from . import data
 from .constants import GSM8K, UTILS_DIR
@@ -79,12 +79,13 @@ def to_verl_row(problem: dict, split: str, index: int, data_source: str = GSM8K_
 
 def export_parquet(train_problems: Iterable[dict], test_problems: Iterable[dict], out_dir,
                    data_source: str = GSM8K_SOURCE, system: str | None = None,
-                   instruction: str | None = None) -> dict[str, Path]:
+                   instruction: str | None = None, extend_row: Callable[[dict], None] | None = None) -> dict[str, Path]:
     """Write ``train.parquet``, ``test.parquet`` and ``reward.py`` into ``out_dir``.
 
     ``reward.py`` is a copy of ``utils/rewards.py`` (standard library only), so ``out_dir`` is
     self-contained: copy it to a cluster and point ``data.train_files``, ``data.val_files`` and
-    ``reward.custom_reward_function.path`` at it (:func:`main_ppo_command` does).
+    ``reward.custom_reward_function.path`` at it (:func:`main_ppo_command` does). ``extend_row``, when
+    given, adds keys to each :func:`to_verl_row` row in place before it is written (:func:`export_tool_task`).
 
     Returns:
         ``{"train": Path, "test": Path, "reward": Path}``.
@@ -98,6 +99,9 @@ def export_parquet(train_problems: Iterable[dict], test_problems: Iterable[dict]
     for split, problems in (("train", train_problems), ("test", test_problems)):
         rows = [to_verl_row(p, split, i, data_source=data_source, system=system, instruction=instruction)
                 for i, p in enumerate(problems)]
+        if extend_row is not None:
+            for row in rows:
+                extend_row(row)
         if not rows:
             raise ValueError(f"no {split} problems to export")
         paths[split] = out / f"{split}.parquet"
@@ -139,18 +143,14 @@ def export_tool_task(train_problems: Iterable[dict], test_problems: Iterable[dic
     """
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def for_the_agent_loop(row):
+        row["agent_name"] = TOOL_AGENT
+        row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {
+            "ground_truth": row["reward_model"]["ground_truth"]}}}
+        row["extra_info"]["need_tools_kwargs"] = True
 
-    paths = export_parquet(train_problems, test_problems, out_dir, data_source=data_source, system=system)
-    for split in ("train", "test"):
-        rows = pq.read_table(paths[split]).to_pylist()
-        for row in rows:
-            row["agent_name"] = TOOL_AGENT
-            row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {
-                "ground_truth": row["reward_model"]["ground_truth"]}}}
-            row["extra_info"]["need_tools_kwargs"] = True
-        pq.write_table(pa.Table.from_pylist(rows), paths[split])
+    paths = export_parquet(train_problems, test_problems, out_dir, data_source=data_source, system=system,
+                           extend_row=for_the_agent_loop)
     out = Path(out_dir)
     paths["tool_config"] = out / "tool_config.yaml"
     paths["tool_config"].write_text(json.dumps(tool_config(), indent=1) + "\n")   # JSON is YAML
