@@ -2,6 +2,7 @@
 import base64
 import csv
 import hashlib
+import re
 from pathlib import Path
 
 import nbformat
@@ -153,7 +154,8 @@ def test_feedback_per_student(graded):
     assert "hidden test: pad with the given pad_token_id" in bob, "a hidden test's message reaches the student"
     assert "shift logits and labels by one" in bob
     assert "not implemented: Exercise 01-sft-mask" in (fb / "carol.md").read_text()
-    assert "timed out after 8 s" in (fb / "erin.md").read_text()
+    limit = re.search(r"timed out after (\d+) s", (fb / "erin.md").read_text())   # 8 s, stretched on a slow machine
+    assert limit and int(limit.group(1)) >= 8
     assert "not valid JSON" in (fb / "frank.md").read_text()
     assert "SyntaxError" in (fb / "heidi.md").read_text()
     assert "kernel crash" in (fb / "ivan.md").read_text()

@@ -238,7 +238,7 @@ ADVERSARIAL = [
 @pytest.mark.parametrize("i", range(len(ADVERSARIAL)))
 def test_linear_time_on_adversarial_strings(i):
     s = ADVERSARIAL[i]
-    start = time.perf_counter()
+    start = time.process_time()   # CPU time: a busy machine slows the clock, not the work
     normalize_number(s)
     extract_answer(s)
     extract_answer(s, strict=True)
@@ -247,4 +247,4 @@ def test_linear_time_on_adversarial_strings(i):
     correctness_reward(completions=[s], answer=[s])
     format_reward(completions=[s])
     compute_score("x", s, s)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0

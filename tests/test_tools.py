@@ -58,10 +58,10 @@ def test_never_raises_on_arbitrary_text(text):
 def test_never_hangs_on_adversarial_input():
     cases = ["(" * 100, "-" * 100, "9" * 100, "9*" * 49 + "9", "1/" * 49 + "3", "(-" * 50, "1" * 10**6,
              "0." + "0" * 97 + "1", "1/3" + "/7" * 32]
-    start = time.perf_counter()
+    start = time.process_time()   # CPU time: a busy machine slows the clock, not the work
     for text in cases:
         assert calculator(text).startswith(("error: ", "0", "1", "-"))
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def _render(tree) -> str:

@@ -26,6 +26,7 @@ import torch
 from utils import data, ppo, rewards, rl, verl_export
 from utils.constants import REPO_ROOT as ROOT
 from utils.constants import TINY_MODEL_DIR as TINY
+from utils.course import speed
 
 VERL_DIR = ROOT / "tests" / "verl"
 REQUIREMENTS = VERL_DIR / "requirements.txt"
@@ -312,7 +313,8 @@ def test_verl_custom_reward_scores_like_trl(verl_check):
             want_scores.append(trl_reward(text, p["answer"]))
     assert out["manager_response_texts"] == want_texts
     assert out["manager_scores"] == want_scores
-    assert out["wall_seconds"] < 120, f"check_verl.py took {out['wall_seconds']:.0f} s"
+    limit = speed.scaled(120)   # stretched by the machine's measured slowdown (utils.course.speed)
+    assert out["wall_seconds"] < limit, f"check_verl.py took {out['wall_seconds']:.0f} s (limit {limit} s)"
 
 
 # ----------------------------------------------------------------------------- slow: PPO pieces against verl's core_algos

@@ -22,6 +22,7 @@ import nbformat
 
 from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
 from . import sandbox as sb
+from . import speed
 from .cells import compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
 from .lessons import own_cells
 
@@ -155,7 +156,8 @@ def _worker(argv) -> int:
     try:
         execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
                          progress_bar=False, log_output=False, timeout_func=timeout_of,
-                         interrupt_on_timeout=True, start_timeout=120)
+                         interrupt_on_timeout=True, start_timeout=120,
+                         shutdown_kernel="immediate")   # its outputs are in: no 1-2 s of a polite shutdown per run
     except papermill.PapermillExecutionError:
         pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
     except Exception as e:  # a dead kernel, a kernel that would not start, ...
@@ -339,7 +341,13 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     "detail", "wall_s", "checks", "answer_errors", "setup_errors", "running"}`` (``running``: index of
     the cell that was running when the run stopped, or None). The executed notebook is
     ``workdir/executed.ipynb``; what the run wrote is read back checked (sizes, types, the cells run).
+
+    Both limits are stretched by the machine's measured slowdown (:mod:`utils.course.speed`: 1.0 on the course's
+    reference machine or a faster one, 2.0 where its workload takes twice as long now), so a slow or busy
+    machine does not time out an honest cell; ``limits_scaled_by`` in the result says by how much.
     """
+    factor = speed.slowdown()
+    timeout, cell_timeout = speed.scaled(timeout, factor), speed.scaled(cell_timeout, factor)
     workdir.mkdir(parents=True, exist_ok=True)
     src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
     for p in (dst, status_path, workdir / PROGRESS_FILE):
@@ -414,7 +422,7 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
                                                "were changed during the run); no check is counted"}
     stopped = "" if status["status"] == "ok" else status["detail"]
     run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)
-    return {**status, "wall_s": wall, **run}
+    return {**status, "wall_s": wall, "limits_scaled_by": factor, **run}
 
 
 def _read_status(path: Path, returncode: int) -> dict:
