@@ -11,10 +11,21 @@ respond in N seconds``) is started again too: no cell has run then either.
 
 Used by ``utils run`` (lessons, and so the tests' lesson executions, which nbval reads), the grader's
 worker (grading runs) and ``tests/test_records.py``'s own kernel.
+
+Ctrl-C. A kernel runs in a session of its own (jupyter_client starts it so), so the terminal's SIGINT reaches
+only this process; and nbclient, while it runs a notebook in the main thread, answers SIGINT by shutting the
+kernel down and reporting a dead kernel, which a caller cannot tell from a crash (``make test`` then went on to
+the next lesson). :func:`execute_notebook` therefore runs papermill in a worker thread (nbclient then leaves
+the signals alone) and keeps the main thread waiting: Ctrl-C (or SIGTERM, with :func:`sigterm_as_interrupt`)
+raises ``KeyboardInterrupt`` there, the kernel this call started is killed with its children, and the
+``KeyboardInterrupt`` goes on to the caller within seconds.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 
 KERNEL_START_ATTEMPTS = 3
 log = logging.getLogger(__name__)
@@ -41,8 +52,84 @@ def started_again(start, *args, attempts: int = KERNEL_START_ATTEMPTS, **kwargs)
                         "starting a new one")
 
 
+def _kernels() -> dict:
+    """This process's descendants that are Jupyter kernels, by pid."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any("ipykernel" in part for part in child.cmdline()):
+                found[child.pid] = child
+    return found
+
+
+def _kill_tree(processes) -> None:
+    """SIGKILL ``processes`` and their descendants, and reap what can be reaped (waits up to 5 s)."""
+    import psutil
+
+    victims = []
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            victims += [*p.children(recursive=True), p]
+    for p in victims:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(victims, timeout=5)
+
+
+def interruptible(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (something that starts kernels) in a worker thread, the main thread waiting.
+
+    ``KeyboardInterrupt`` in the waiting thread kills every kernel started during the call (with its children)
+    and is raised again once the worker has stopped (it stops when its kernel dies: at most a few seconds).
+    Called from a thread that is not the main one, ``fn`` simply runs in it (signals reach only the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    before, outcome = set(_kernels()), {}
+
+    def work():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller as it was raised
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name="notebook-execution", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.25)
+    except KeyboardInterrupt:
+        _kill_tree(p for pid, p in _kernels().items() if pid not in before)
+        worker.join(10)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` like Ctrl-C (so kernels are cleaned up the same
+    way); the previous handler is restored after. Only in the main thread (elsewhere: no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def execute_notebook(*args, attempts: int = KERNEL_START_ATTEMPTS, **kwargs):
-    """``papermill.execute_notebook(*args, **kwargs)`` through :func:`started_again`."""
+    """``papermill.execute_notebook(*args, **kwargs)`` through :func:`started_again`, interruptible by Ctrl-C
+    (:func:`interruptible`)."""
     import papermill
 
-    return started_again(papermill.execute_notebook, *args, attempts=attempts, **kwargs)
+    return interruptible(started_again, papermill.execute_notebook, *args, attempts=attempts, **kwargs)

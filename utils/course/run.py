@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from ..constants import ERROR_CELL_TAG, INJECTED_TAG, LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
-from .kernel import execute_notebook
+from .kernel import execute_notebook, sigterm_as_interrupt
 from .kernel import log as kernel_log
 from .lessons import find_lessons, meta_of, write_back
 from .summary import describe_error, summarize, write_bench
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out) if args.out else RUNS_DIR / preset
     out_dir.mkdir(parents=True, exist_ok=True)
     results, interrupted = [], False
-    with log_to(out_dir / "run.log"):
+    with log_to(out_dir / "run.log"), sigterm_as_interrupt():
         log.info(f"===== python -m utils run {' '.join(argv if argv is not None else sys.argv[1:])}")
         for i, notebook in enumerate(lessons, 1):
             print(f"[{i}/{len(lessons)}] {notebook.stem} (preset {preset}) ...", flush=True)
