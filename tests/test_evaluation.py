@@ -97,7 +97,7 @@ def test_decode_samples_from_the_tempered_softmax(model_and_tokenizer):
     with torch.inference_mode():
         probs = (model(**enc).logits[0, -1] / temperature).softmax(-1)
     torch.manual_seed(0)
-    first = evaluation.decode(model, enc["input_ids"].expand(n, -1), enc["attention_mask"].expand(n, -1),
+    first = evaluation.decode(model, enc["input_ids"], enc["attention_mask"], num_return_sequences=n,  # one prefill
                               max_new_tokens=1, stop_ids=evaluation.stop_token_ids(tok),
                               pad_token_id=tok.pad_token_id, do_sample=True, temperature=temperature)[:, 0]
     freq = torch.bincount(first, minlength=probs.numel()).float() / n
@@ -171,3 +171,72 @@ def test_decode_returns_the_log_probs_a_forward_pass_computes(model_and_tokenize
     expected = (logits / 0.7).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
     torch.testing.assert_close(logps[mask], expected[mask], atol=1e-5, rtol=1e-5)
     assert (logps[~mask] == 0).all() and (logps[mask] <= 0).all()
+
+
+def _qwen2_standin():
+    """A small random Qwen2 (biases on q/k/v, no query-key norms, one query head per key head): the
+    architecture of the t4-16g preset's Qwen2.5, at the tiny model's vocabulary."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         rope_theta=1e6, tie_word_embeddings=True, attn_implementation="sdpa")
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _with_lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                            init_lora_weights=False))
+    return lora.eval()
+
+
+@pytest.mark.parametrize("which", ["tiny", "tiny+lora", "qwen2"])
+def test_static_cache_steps_give_the_models_own_logits_bit_for_bit(model_and_tokenizer, monkeypatch, which):
+    """decode with the static cache against decode through the model's forward (transformers' cache): the same
+    tokens and log-probs, bit for bit, with left padding, rows ending at different steps, n rows per prompt."""
+    tiny_model, tok = model_and_tokenizer
+    model = {"tiny": lambda: tiny_model, "tiny+lora": lambda: _with_lora(tiny.load()[0]),
+             "qwen2": _qwen2_standin}[which]()
+    problems = data.make_problems(6, "test", seed=3)
+    enc = tok(evaluation.format_prompts(tok, problems, "chat")[:6:2] + [data.to_plain_prompt(problems[1])],
+              return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    assert not enc["attention_mask"].all(), "the batch should hold left padding"
+    stops = evaluation.stop_token_ids(tok) + [14, 338, 376] + list(range(100, 140))   # rows end at different steps
+
+    def run(**kw):
+        torch.manual_seed(7)
+        return evaluation.decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens=24, stop_ids=stops,
+                                 pad_token_id=tok.pad_token_id, return_logprobs=True, **kw)
+
+    used = []
+    build = evaluation.StaticCacheDecoder.build
+    monkeypatch.setattr(evaluation.StaticCacheDecoder, "build",
+                        classmethod(lambda cls, *a: used.append(build(*a)) or used[-1]))
+    fast = [run(), run(do_sample=True, num_return_sequences=3, temperature=1.3)]
+    assert all(d is not None for d in used), "the static cache should serve this model"
+    monkeypatch.setattr(evaluation.StaticCacheDecoder, "build", classmethod(lambda cls, *a: None))
+    slow = [run(), run(do_sample=True, num_return_sequences=3, temperature=1.3)]
+    for (tokens, logps), (ref_tokens, ref_logps) in zip(fast, slow):
+        assert torch.equal(tokens, ref_tokens)
+        assert torch.equal(logps, ref_logps), (logps - ref_logps).abs().max()
+    lengths = (slow[1][0] != tok.pad_token_id).sum(1)
+    assert len(set(lengths.tolist())) > 2, "rows should end at different steps"
+
+
+def test_static_cache_is_not_used_where_equality_is_not_established(model_and_tokenizer):
+    from transformers import DynamicCache
+
+    model, tok = model_and_tokenizer
+    enc = tok(["Question: 1 + 1?"], return_tensors="pt")
+    cache = DynamicCache(config=model.config)
+    model(**enc, past_key_values=cache, use_cache=True)
+    assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is not None
+    model.config._attn_implementation = "eager"
+    try:
+        assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is None
+    finally:
+        model.config._attn_implementation = "sdpa"

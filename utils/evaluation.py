@@ -10,6 +10,7 @@ a GPU. Two prompt formats:
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -50,6 +51,88 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
+class StaticCacheDecoder:
+    """Decoding steps of a Qwen2/Qwen3 model on a CPU with a preallocated KV cache (used by :func:`decode`).
+
+    ``transformers``' cache grows by ``torch.cat`` at every step, copying every layer's keys and values, and its
+    forward builds the attention mask again each time. Here each layer's keys and values go into buffers sized
+    for the whole generation once, and the step runs the model's own modules (norms, projections, LoRA
+    adapters, MLP), its rotary embedding and ``scaled_dot_product_attention`` with the same arguments
+    ``transformers``' decoding step passes (the padding mask, or none and ``enable_gqa``; grouped queries
+    packed as its ``pack_gqa`` does). The logits are bit-for-bit those of the model's forward (a test holds
+    it); decoding a batch of 250 tiny-model answers takes about three quarters of the time.
+
+    :meth:`build` returns None where that equality is not established (another architecture, a GPU, eager
+    attention, sliding windows, offloading hooks): :func:`decode` then calls the model.
+    """
+
+    def __init__(self, model, cache, attention_mask: torch.Tensor, capacity: int):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.lm_head, self.inner = base.lm_head, base.model
+        self.rope = importlib.import_module(type(base).__module__).apply_rotary_pos_emb
+        rows, width = attention_mask.shape
+        self.keys, self.values = [], []
+        for layer in cache.layers:                     # (rows, kv heads, width, head dim), filled by the prefill
+            for have, buffers in ((layer.keys, self.keys), (layer.values, self.values)):
+                buffer = have.new_zeros(*have.shape[:2], capacity, have.shape[3])
+                buffer[:, :, :width] = have
+                buffers.append(buffer)
+        self.mask = torch.ones(rows, 1, 1, capacity, dtype=torch.bool, device=attention_mask.device)
+        self.mask[:, 0, 0, :width] = attention_mask.bool()
+        self.padded = not bool(attention_mask.all())
+        self.length = width
+
+    @classmethod
+    def build(cls, model, cache, attention_mask: torch.Tensor, capacity: int):
+        """A decoder for ``model`` after its prefill filled ``cache`` (a ``DynamicCache``), or None."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.config
+        if (attention_mask.device.type != "cpu" or config.model_type not in ("qwen2", "qwen3")
+                or config._attn_implementation != "sdpa"
+                or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
+                or any(hasattr(m, "_hf_hook") for m in base.modules())):
+            return None
+        return cls(model, cache, attention_mask, capacity)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (int64 indices), as ``DynamicCache.batch_select_indices``."""
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.mask = self.mask.index_select(0, keep)
+        self.padded = not bool(self.mask[..., :self.length].all())
+
+    def step(self, token: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits (rows, V) of the next token after ``token`` (rows,) at ``position_ids`` (rows, 1)."""
+        inner, at = self.inner, self.length
+        x = inner.embed_tokens(token[:, None])
+        cos, sin = inner.rotary_emb(x, position_ids)
+        rows = x.shape[0]
+        mask = self.mask[..., :at + 1] if self.padded else None
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            shape = (rows, 1, -1, attn.head_dim)
+            q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
+            if hasattr(attn, "q_norm"):                # Qwen3 normalises each head's queries and keys
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            self.keys[i][:, :, at] = k[:, :, 0]
+            self.values[i][:, :, at] = attn.v_proj(h).view(shape)[:, 0]
+            keys, values = self.keys[i][:, :, :at + 1], self.values[i][:, :, :at + 1]
+            groups, extra = attn.num_key_value_groups, {}
+            if groups > 1 and mask is None:
+                extra["enable_gqa"] = True
+            elif groups > 1:                            # one query per row: its heads grouped by key head
+                q = q.reshape(rows, -1, groups, attn.head_dim)
+            out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=0.0,
+                                                                   scale=attn.scaling, is_causal=False, **extra)
+            out = out.reshape(rows, -1, 1, values.shape[-1]).transpose(1, 2).contiguous()
+            x = x + attn.o_proj(out.reshape(rows, 1, -1).contiguous())
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.length = at + 1
+        return self.lm_head(inner.norm(x))[:, -1]
+
+
 @torch.inference_mode()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
            stop_ids: list[int], pad_token_id: int, do_sample: bool = False, temperature: float = 1.0,
@@ -68,7 +151,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
     With ``num_return_sequences=n`` each prompt is read once (one prefill) and its KV cache is
     copied to its n rows (``generate`` reads it n times: on the tiny model the prompt is longer
     than most answers, so this saves about a third of the sampling time); each row then samples
-    on its own.
+    on its own. After the prompt, the steps of a Qwen model on a CPU run with a preallocated cache
+    (:class:`StaticCacheDecoder`: the same logits, bit for bit, in less time).
 
     Args:
         input_ids, attention_mask: (B, P) int64, prompts padded on the *left*.
@@ -109,6 +193,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
         cache.batch_repeat_interleave(num_return_sequences)
         logits, attention_mask, position_ids = (x.repeat_interleave(num_return_sequences, dim=0)
                                                 for x in (logits, attention_mask, position_ids))
+    static = StaticCacheDecoder.build(model, cache, attention_mask, attention_mask.shape[1] + max_new_tokens)
+    if static is not None:
+        del cache                                       # its keys and values now live in the static buffers
     n = 0
     for t in range(max_new_tokens):
         scores = logits.float() / temperature if do_sample or return_logprobs else None
@@ -131,9 +218,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_
             keep = live.nonzero()[:, 0]
             rows, token = rows[keep], token[keep]
             attention_mask, position_ids = attention_mask[keep], position_ids[keep]
-            cache.batch_select_indices(keep)
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
+            static.select(keep) if static is not None else cache.batch_select_indices(keep)
         position_ids = position_ids + 1
+        if static is not None:
+            logits = static.step(token, position_ids)
+            continue
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
         logits = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position_ids,
                        past_key_values=cache, use_cache=True).logits[:, -1]
     return (out[:, :n], logprobs[:, :n]) if return_logprobs else out[:, :n]
