@@ -192,6 +192,14 @@ def test_inplace_writes_cleaned_notebook_unless_the_lesson_failed(inplace_run):
     assert header_time(nb) == "1 min 28 s when `make notebooks` last ran it on this machine; more on a slower machine"
 
 
+def test_header_time_says_when_the_sft_start_was_loaded_from_an_earlier_lesson():
+    records = {"06/wall_seconds": 62.4, "06/hardware": "CPU (2 cores)"}
+    alone = tiny_time(records)
+    assert alone == "1 min 02 s when `make notebooks` last ran it on CPU (2 cores); more on a slower machine"
+    assert tiny_time({**records, "06/sft_reused": False}) == alone
+    assert "its SFT start loaded from an earlier lesson's run" in tiny_time({**records, "06/sft_reused": True})
+
+
 @pytest.mark.parametrize("lesson", find_lessons(), ids=lambda p: p.stem)
 def test_committed_lesson_header_states_its_measured_time(lesson):
     nb = nbformat.read(lesson, as_version=4)

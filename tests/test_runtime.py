@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from utils import runtime
+from utils.course import speed
 
 
 @pytest.fixture(autouse=True)
@@ -115,23 +116,23 @@ def test_hub_reachable_offline_is_instant(monkeypatch, value):
     monkeypatch.setenv("HF_HUB_OFFLINE", value)
     calls = []
     monkeypatch.setattr(runtime, "_probe", lambda *a: calls.append(a) or True)
-    start = time.perf_counter()
+    start = time.process_time()   # no probe, no wait: CPU time only
     assert runtime.hub_reachable() is False
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     assert calls == []
 
 
 def test_hub_reachable_closed_port():
-    start = time.perf_counter()
+    start, slack = time.perf_counter(), speed.scaled(0.6)   # a waiting test: wall time, its slack stretched
     assert runtime.hub_reachable("https://127.0.0.1:9", timeout=1.0) is False
-    assert time.perf_counter() - start < 1.6
+    assert time.perf_counter() - start < 1.0 + slack
 
 
 def test_hub_reachable_slow_probe_is_cut_off(monkeypatch):
     monkeypatch.setattr(runtime, "_probe", lambda url, timeout: time.sleep(5) or True)
-    start = time.perf_counter()
+    start, slack = time.perf_counter(), speed.scaled(0.8)   # by the machine's slowdown (utils.course.speed)
     assert runtime.hub_reachable("https://slow.invalid", timeout=0.2) is False
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 0.2 + slack
 
 
 def test_hub_reachable_http_error_counts_as_reachable():
@@ -253,3 +254,18 @@ def test_hardware_names_the_gpu_or_the_cpu(monkeypatch, fake_gpu):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
     assert runtime.hardware() == "CPU (2 cores)"
+
+
+def test_rng_state_round_trips_through_json():
+    import json
+    import random
+
+    import numpy as np
+
+    runtime.seed_everything(3)
+    torch.rand(5), random.random(), np.random.rand()
+    saved = json.loads(json.dumps(runtime.rng_state()))
+    expected = torch.rand(3).tolist(), random.random(), float(np.random.rand())
+    runtime.seed_everything(4)
+    runtime.set_rng_state(saved)
+    assert (torch.rand(3).tolist(), random.random(), float(np.random.rand())) == expected

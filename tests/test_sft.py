@@ -1,4 +1,7 @@
 """utils/sft.py and utils/training.py, and lesson 01's answers where they meet them."""
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -216,3 +219,33 @@ def test_sft_checkpoint_saves_once_and_resume_reuses_it(tmp_path, tok):
     trained = AutoModelForCausalLM.from_pretrained(sft_dir)
     base, _ = tiny.load()
     assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), base.parameters())), "it was trained"
+
+
+def test_lessons_with_the_same_recipe_share_one_sft_model(tmp_path, tok):
+    """Lessons 05, 06 and 08 (and 03 and 07) train the same SFT start: the second loads the first's copy, which is
+    bit-for-bit what its own training would give; another recipe or other data trains anew."""
+    from safetensors.torch import load_file
+
+    cfg = presets.resolve("tiny", lesson="01", max_steps=2)
+    problems = data.make_problems(16, split="train", seed=0)
+    def draws():   # what a lesson samples next, from each random generator
+        return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+
+    torch.manual_seed(5)
+    first = sft.sft_checkpoint(cfg, tok, problems, tmp_path / "runs" / "05_x")
+    after_training = draws()
+    shared = tmp_path / "runs" / sft.SHARED_DIR / sft.recipe_digest(cfg, tok, problems)
+    assert first == tmp_path / "runs" / "05_x" / "sft-model" and (shared / "model.safetensors").is_file()
+    torch.manual_seed(6)   # another lesson, in another state
+    random.seed(6)
+    assert sft.sft_checkpoint(cfg, tok, problems, tmp_path / "runs" / "06_y") == shared
+    assert not (tmp_path / "runs" / "06_y" / "sft").exists(), "the second lesson did not train"
+    assert draws() == after_training, "loading leaves the generators as training does: the same samples next"
+    alone = sft.sft_checkpoint(cfg, tok, problems, tmp_path / "elsewhere" / "08_z")   # no shared copy there
+    weights = [load_file(d / "model.safetensors") for d in (shared, alone)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), "training again gives the same model"
+    for other_cfg, other_problems in ((presets.resolve("tiny", lesson="01", max_steps=3), problems),
+                                      (cfg, data.make_problems(16, split="train", seed=1))):
+        assert sft.recipe_digest(other_cfg, tok, other_problems) != shared.name
+        assert sft.sft_checkpoint(other_cfg, tok, other_problems, tmp_path / "runs" / "07_w") != shared

@@ -266,6 +266,32 @@ def use_hf_mirror(mirror: str = DEFAULT_MIRROR, force: bool = False, timeout: fl
 
 
 # ----------------------------------------------------------------------------- seeding / memory / summary
+def rng_state() -> dict:
+    """Every random generator's state (Python's ``random``, NumPy's global one, torch's CPU and CUDA ones) as plain
+    JSON values: :func:`set_rng_state` puts them back (``utils.sft.sft_checkpoint`` does, where it loads a model
+    instead of training it, so that the samples drawn after it are the ones drawn after training)."""
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss], "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+            "torch": torch.get_rng_state().tolist(),
+            "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned (the CUDA states only where as many devices are visible)."""
+    import numpy as np
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if state["cuda"] and torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy and torch (all CUDA devices too), and set ``PYTHONHASHSEED``.
 

@@ -13,12 +13,19 @@ closes it -- the model must learn to *stop* -- and nothing else: no system/user 
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from . import runtime
 from .training import last_checkpoint, quiet, trainer_kwargs, training_arguments, with_lora
 
 IGNORE_INDEX = -100  # positions with this label are skipped by torch.nn.functional.cross_entropy
@@ -265,6 +272,41 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
     return trainer
 
 
+SHARED_DIR = "sft-models"   # beside the lessons' own folders: runs/<preset>/sft-models/<recipe digest>/
+RNG_FILE = "rng-state.json"  # the random generators as training left them (restored where the model is loaded)
+
+
+def recipe_digest(cfg, tokenizer, problems: list[dict]) -> str:
+    """A digest of everything :func:`train_sft` makes a model from: the resolved preset (steps, batch, rates,
+    seed, dtype, device, base model), the training problems, the tokenizer (vocabulary and chat template),
+    the base model's files when it is a local folder, the library versions, the thread count, and the source
+    of this module and of :mod:`utils.training`. Two lessons with the same digest train the same model, bit for
+    bit."""
+    import peft
+    import transformers
+
+    from . import training
+
+    h = hashlib.sha256()
+
+    def add(value) -> None:
+        h.update(json.dumps(value, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+
+    add(cfg.to_dict())
+    add(problems)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    add(backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()))
+    add([tokenizer.chat_template, tokenizer.all_special_tokens])
+    model = Path(str(cfg.model))
+    if model.is_dir():   # a local model: its files' contents (a large one: their sizes and times)
+        add(sorted((f.name, hashlib.sha256(f.read_bytes()).hexdigest() if f.stat().st_size <= 64 << 20
+                    else (f.stat().st_size, f.stat().st_mtime_ns)) for f in model.iterdir() if f.is_file()))
+    add([torch.__version__, transformers.__version__, peft.__version__, torch.get_num_threads()])
+    add([inspect.getsource(m) for m in (training, sys.modules[__name__])])
+    return h.hexdigest()[:20]
+
+
 def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path, resume: bool = False) -> Path:
     """The SFT starting point of the later lessons: lesson 01's recipe, trained and saved once.
 
@@ -272,17 +314,49 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
     Trains ``cfg.model`` on ``problems`` with :func:`train_sft` (checkpoints in ``output_dir/sft``),
     folds a LoRA adapter into the weights (GPU presets) and saves the model to
     ``output_dir/sft-model``. With ``resume=True`` a model already saved there is reused as is.
-    Returns that directory: load the model from it, never reuse the trained object (trainers patch
+
+    Lessons that start from the same recipe (lessons 05, 06 and 08; 03 and 07) share it: a copy goes to
+    ``output_dir/../sft-models/<digest>/`` (:func:`recipe_digest`: preset, problems, tokenizer, base model,
+    libraries and this code), and a later lesson whose digest matches loads that copy instead of training
+    again (run in one folder, as ``python -m utils run`` and the tests do; on a T4 this saves the ten
+    minutes of a 300-step SFT). The copy is bit-for-bit what training would give (a test holds it), and the random
+    generators are left as training leaves them (saved beside the model), so what the lesson samples next is the
+    same either way.
+    Returns the model's directory: load the model from it, never reuse the trained object (trainers patch
     the ``forward`` of the model they are given).
     """
     from transformers import AutoModelForCausalLM
 
     sft_dir = Path(output_dir) / "sft-model"
     if resume and (sft_dir / "config.json").exists():
-        return sft_dir
+        return _loaded(sft_dir)
+    shared = Path(output_dir).parent / SHARED_DIR / recipe_digest(cfg, tokenizer, problems)
+    if (shared / "config.json").exists() and (shared / RNG_FILE).exists():
+        print(f"SFT start: the same recipe, data and base model as an earlier lesson's; loading its model from "
+              f"{SHARED_DIR}/{shared.name} instead of training again")
+        return _loaded(shared)
     base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=cfg.dtype).to(cfg.device)
+    runtime.seed_everything(cfg.seed)   # LoRA's initial weights (GPU presets) drawn the same in every lesson
     trained = train_sft(base, tokenizer, problems, cfg, Path(output_dir) / "sft").model
     if hasattr(trained, "merge_and_unload"):
         trained = trained.merge_and_unload()
     trained.save_pretrained(sft_dir)
+    (sft_dir / RNG_FILE).write_text(json.dumps(runtime.rng_state()))
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    staging = shared.with_name(f".{shared.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(sft_dir, staging)
+    try:
+        os.replace(staging, shared)                   # atomic: a reader sees the whole model or none
+    except OSError:                                   # another run wrote it first: theirs is the same model
+        shutil.rmtree(staging, ignore_errors=True)
     return sft_dir
+
+
+def _loaded(model_dir: Path) -> Path:
+    """``model_dir``, with the random generators put back as its training left them (where it saved them): the
+    lesson then samples after loading what it would have sampled after training."""
+    saved = model_dir / RNG_FILE
+    if saved.exists():
+        runtime.set_rng_state(json.loads(saved.read_text()))
+    return model_dir

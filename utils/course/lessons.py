@@ -114,12 +114,15 @@ def duration(seconds: float) -> str:
 def tiny_time(records: dict) -> str:
     """The header's time column for ``tiny``, from a run's records: its measured ``NN/wall_seconds``.
 
-    Example: "1 min 28 s when `make notebooks` last ran it on CPU (2 cores); more on a slower machine".
+    Example: "1 min 28 s when `make notebooks` last ran it on CPU (2 cores); more on a slower machine". A run that
+    loaded its SFT model from an earlier lesson's (its ``NN/sft_reused`` record is True) says so.
     Raises ValueError when the run recorded no wall time.
     """
     (wall,) = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds"]
     hardware = meta_of(records)["hardware"] or "this machine"
-    return f"{duration(wall)} when `make notebooks` last ran it on {hardware}; more on a slower machine"
+    reused = any(k.split("/", 1)[-1] == "sft_reused" and v is True for k, v in records.items())
+    shared = ", its SFT start loaded from an earlier lesson's run (`utils.sft.sft_checkpoint`)" if reused else ""
+    return f"{duration(wall)} when `make notebooks` last ran it on {hardware}{shared}; more on a slower machine"
 
 
 def _tiny_row(nb):
