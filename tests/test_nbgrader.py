@@ -5,6 +5,7 @@ nbgrader 0.9.6 pins versions of its own (jupyter-server, sqlalchemy, ...), so, a
 ``~/.cache/post-training-course/nbgrader-venv/`` (``NBGRADER_VENV=/path`` moves it), and runs
 ``nbgrader generate_assignment`` on a course whose source is ``notebooks/`` as it is.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -16,23 +17,27 @@ import pytest
 from utils.course import cells, labs
 
 REQUIREMENTS = Path(__file__).parent / "nbgrader" / "requirements.txt"
+GENERATE = Path(__file__).parent / "nbgrader" / "generate.py"
 INSTALL_TIMEOUT = 900   # seconds; about 40 s on 2 cores
 
 
 @pytest.fixture(scope="module")
 def nbgrader(tmp_path_factory, side_python):
-    """Run ``nbgrader generate_assignment`` for every lesson; return the course folder."""
+    """``nbgrader generate_assignment`` for every lesson, in one process of the nbgrader venv
+    (tests/nbgrader/generate.py: nbgrader's own API, what its command line runs); return the course folder."""
     python = side_python("nbgrader", REQUIREMENTS, INSTALL_TIMEOUT)
     course = tmp_path_factory.mktemp("course")
-    (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "post-training"\n')
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # nbgrader calls alembic by name
     for lesson in labs.lesson_paths():
         (course / "source" / lesson.stem).mkdir(parents=True)
         shutil.copy(lesson, course / "source" / lesson.stem / lesson.name)
-        proc = subprocess.run([str(python.parent / "nbgrader"), "generate_assignment", lesson.stem, "--force"],
-                              cwd=course, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"nbgrader refused {lesson.name}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    proc = subprocess.run([str(python), str(GENERATE), str(course), *(p.stem for p in labs.lesson_paths())],
+                          cwd=course, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"nbgrader failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for lesson, result in results.items():
+        assert result["success"], f"nbgrader refused {lesson}:\n{result['log'][-3000:]}"
     return course
 
 
