@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM ?= false
 help:
 	@echo "make run        run the lessons (PRESET=auto|tiny|t4-16g|24g|80g, LESSONS='01 02') and print a summary"
 	@echo "make test       unit tests + every lesson executed once (papermill), its records and nbval regression"
-	@echo "make test-fast  everything that does not execute a whole lesson (a few minutes)"
+	@echo "make test-fast  the unit tests: no lesson execution, no grading of a class, no side venv (under 3 minutes)"
 	@echo "make lint       ruff over utils/, tests/ and the lessons"
 	@echo "make setup      create $(VENV) and install the pinned requirements (and bubblewrap, the grader's sandbox)"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
@@ -55,8 +55,10 @@ run: $(STAMP)
 test: $(STAMP) sandbox-tool
 	$(PY) -m pytest tests notebooks
 
+# The unit tests; `make test` adds the lesson executions and the `slow` tests (classes graded, labs validated,
+# the nbgrader and verl side venvs). tests/budget.py prints where the time went, part by part.
 test-fast: $(STAMP) sandbox-tool
-	$(PY) -m pytest tests -m "not lesson"
+	$(PY) -m pytest tests -m "not lesson and not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -19,6 +19,7 @@ import json
 import re
 import tempfile
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import nbformat
 import pytest
 from nbval.plugin import IPyNbCell, IPyNbFile, coalesce_streams, find_comment_markers, find_metadata_tags
 
+from tests import budget
 from utils import headlines
 from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
 from utils.course.lessons import lesson_number
@@ -37,8 +39,10 @@ SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
 class LessonRuns:
     """The session's executions of the lessons, each made once, on first request."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, note=None):
+        """``note(part, seconds, what)`` is told each execution's time (the session's: :func:`tests.budget.note`)."""
         self.out_dir = Path(out_dir)
+        self.note = note
         self.results: dict[str, dict] = {}
         self._locks = defaultdict(threading.Lock)
 
@@ -51,7 +55,10 @@ class LessonRuns:
             if lesson not in self.results:
                 (notebook,) = find_lessons([lesson])
                 self.out_dir.mkdir(parents=True, exist_ok=True)
+                start = time.perf_counter()
                 self.results[lesson] = execute_lesson(notebook, self.out_dir, "tiny")
+                if self.note is not None:
+                    self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
             return self.results[lesson]
 
     def notebook(self, lesson: str) -> Path:
@@ -100,7 +107,7 @@ def pytest_configure(config):
     if out is None:
         config._lesson_tmp = tempfile.TemporaryDirectory(prefix="lesson-runs-")
         out = config._lesson_tmp.name
-    config._lesson_runs = LessonRuns(Path(out))
+    config._lesson_runs = LessonRuns(Path(out), note=budget.note)
 
 
 def pytest_unconfigure(config):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import budget
+
 CACHE = Path.home() / ".cache" / "post-training-course"
 
 
@@ -56,5 +58,6 @@ def ensure(venv: Path, requirements: Path, timeout: float, what: str) -> Path:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
         pytest.fail(f"installing the {what} venv failed (pip: {rc}); last lines of {log}:\n{tail}", pytrace=False)
     stamp_file.write_text(stamp(requirements))
+    budget.note("side venv installs", time.time() - t0, f"{what} venv")
     print(f"\n{what} venv installed in {time.time() - t0:.0f} s at {venv}")
     return python

@@ -1,0 +1,140 @@
+"""Where `make test` spends its time, part by part, against a budget per part (pytest plugin).
+
+``pytest.ini`` loads it (``-p tests.budget``). Every test's setup, call and teardown is counted to the part its
+file belongs to (:data:`PARTS`); two kinds of work are taken out of the test that happened to start them and
+shown on their own: the lessons' executions (``tests/lesson_runs.py`` times each) and the side venvs' installs
+(``tests/side_venv.py``). At the end the suite prints one line per part, its budget, and the parts over budget.
+
+The budgets are seconds on the course's 2-core CI machine in an ordinary hour (its speed varies by 20-50 %
+from hour to hour), for the whole of `make test`; `make test-fast` runs the parts marked fast. A part over
+budget is printed, never failed: a test that fails on a busy machine where nothing is wrong is what this
+suite avoids (timings belong in benchmarks, DEVELOPERS.md). ``--budget-strict`` makes it an error, for a
+benchmark run on an idle machine.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections import defaultdict
+
+# part -> (budget in seconds, the test files whose `slow` tests it holds). A test marked `lesson` counts to the
+# lesson parts, a `slow` one to the first part whose files match its file (fnmatch), every other test to
+# "unit tests": what `make test-fast` runs.
+PARTS = {
+    "lesson executions": (800, ()),                     # the nine lessons, once each, on tiny (tests/lesson_runs.py)
+    "lesson record tests and nbval": (20, ()),
+    "labs validated (labs, handout)": (120, ("tests/test_labs.py", "tests/test_handout.py")),
+    "classes graded (grader, red team)": (200, ("tests/test_grade.py", "tests/test_redteam.py", "tests/test_speed.py")),
+    "nbgrader and verl (side venvs)": (90, ("tests/test_nbgrader.py", "tests/test_verl*.py")),
+    "side venv installs": (120, ()),                    # only when ~/.cache/post-training-course lacks them
+    "other slow tests": (30, ()),
+    "unit tests (make test-fast)": (170, ()),
+}
+SUITE_BUDGET_S = 25 * 60 - 150   # CI's 25 minutes, less a fresh clone's install (about 2 min 30 s)
+FAST_BUDGET_S = 3 * 60           # make test-fast, collection and start-up included
+UNIT = "unit tests (make test-fast)"
+MOVED_FROM = {"lesson executions": "lesson record tests and nbval",
+              "side venv installs": "nbgrader and verl (side venvs)"}
+
+_extra: dict[str, float] = defaultdict(float)   # seconds of work named outside the tests (lessons, venv installs)
+_details: dict[str, list] = defaultdict(list)
+
+
+def note(part: str, seconds: float, what: str) -> None:
+    """Count ``seconds`` to ``part`` instead of to the test that is running (lesson executions, venv installs);
+    ``what`` names the piece ("lesson 04") in the table."""
+    _extra[part] += seconds
+    _details[part].append((what, seconds))
+
+
+def part_of(path: str, keywords) -> str:
+    """The part a test belongs to, from its file (relative to the repository, with /) and its markers."""
+    if "lesson" in keywords:
+        return "lesson record tests and nbval"
+    if "slow" in keywords:
+        return next((part for part, (_, patterns) in PARTS.items() if any(fnmatch.fnmatch(path, p) for p in patterns)),
+                    "other slow tests")
+    return UNIT
+
+
+class Breakdown:
+    """Seconds per part of one session: the tests' durations, less the work noted apart."""
+
+    def __init__(self):
+        self.tests = defaultdict(float)
+        self.start = time.perf_counter()
+
+    def add(self, path: str, keywords, seconds: float) -> None:
+        self.tests[part_of(path, keywords)] += seconds
+
+    def parts(self, extra: dict[str, float]) -> dict[str, float]:
+        """Seconds per part. What was noted apart is moved out of the parts whose tests started it: lesson
+        executions out of the lesson tests, venv installs out of the nbgrader and verl checks."""
+        out = dict(self.tests)
+        for part, seconds in extra.items():
+            out[part] = out.get(part, 0.0) + seconds
+            source = MOVED_FROM.get(part)
+            if source is not None and source in out:
+                out[source] = max(0.0, out[source] - seconds)
+        return {p: out[p] for p in PARTS if p in out}
+
+    def report(self, extra: dict[str, float], details=None) -> tuple[list[str], list[str]]:
+        """(lines of the table, the parts over budget); ``details``: part -> [(what, seconds)], shown under it."""
+        details = details or {}
+        parts = self.parts(extra)
+        lines = [f"{'part':<40} {'seconds':>8} {'budget':>7}"]
+        over = []
+        for part, seconds in parts.items():
+            budget = PARTS[part][0]
+            flag = "  OVER" if seconds > budget else ""
+            if flag:
+                over.append(f"{part} ({seconds:.0f} s of {budget} s)")
+            lines.append(f"{part:<40} {seconds:8.0f} {budget:7d}{flag}")
+            lines.extend(f"    {what:<36} {s:8.0f}" for what, s in details.get(part, ()))
+        wall = time.perf_counter() - self.start
+        limit, name = (FAST_BUDGET_S, "make test-fast") if set(parts) <= {UNIT} else (SUITE_BUDGET_S, "make test")
+        lines.append(f"{'the session (' + name + ')':<40} {wall:8.0f} {limit:7d}{'  OVER' if wall > limit else ''}")
+        if wall > limit:
+            over.append(f"the session ({wall:.0f} s of {limit} s)")
+        return lines, over
+
+
+# ----------------------------------------------------------------------------- pytest hooks
+class _Collector:
+    """Registered per session: adds each test report's duration to the session's breakdown."""
+
+    def __init__(self, breakdown: Breakdown):
+        self.breakdown = breakdown
+
+    def pytest_runtest_logreport(self, report):
+        self.breakdown.add(report.location[0].replace("\\", "/"), report.keywords, report.duration)
+
+
+def pytest_addoption(parser):
+    parser.getgroup("budget").addoption("--budget-strict", action="store_true",
+                                        help="fail the session when a part is over its budget (tests/budget.py): "
+                                             "for a benchmark on an idle machine, never for CI")
+
+
+def pytest_configure(config):
+    config._budget = Breakdown()
+    config.pluginmanager.register(_Collector(config._budget), "budget-collector")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    breakdown = getattr(config, "_budget", None)
+    if breakdown is None or not breakdown.tests:
+        return
+    lines, over = breakdown.report(_extra, _details)
+    terminalreporter.section("where the time went (tests/budget.py)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    if over:
+        terminalreporter.write_line("over budget: " + "; ".join(over), yellow=True, bold=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    breakdown = getattr(session.config, "_budget", None)
+    if breakdown is not None and session.config.getoption("--budget-strict") and breakdown.tests:
+        if breakdown.report(_extra)[1] and session.exitstatus == 0:
+            session.exitstatus = 1

@@ -1,0 +1,45 @@
+"""tests/budget.py, the plugin that prints where `make test` spent its time, part by part, against budgets."""
+import pytest
+
+from tests import budget
+
+pytest_plugins = ["pytester"]
+
+
+def test_each_test_goes_to_one_part_by_its_markers_and_file():
+    assert budget.part_of("tests/test_lesson04.py", {"lesson": 1}) == "lesson record tests and nbval"
+    assert budget.part_of("notebooks/04_grpo.ipynb", {"lesson": 1}) == "lesson record tests and nbval"
+    assert budget.part_of("tests/test_labs.py", {"slow": 1}) == "labs validated (labs, handout)"
+    assert budget.part_of("tests/test_redteam.py", {"slow": 1}) == "classes graded (grader, red team)"
+    assert budget.part_of("tests/test_verl_tools.py", {"slow": 1}) == "nbgrader and verl (side venvs)"
+    assert budget.part_of("tests/test_labs.py", {}) == budget.UNIT, "a test that is not slow is a unit test"
+    assert budget.part_of("tests/test_sft.py", {"slow": 1}) == "other slow tests", "make test-fast leaves it out"
+    assert set(budget.PARTS) >= {budget.UNIT, *budget.MOVED_FROM, *budget.MOVED_FROM.values()}
+
+
+def test_work_noted_apart_leaves_the_part_that_started_it():
+    b = budget.Breakdown()
+    b.add("tests/test_lesson01.py", {"lesson": 1}, 130.0)   # the first test of lesson 01 executed it
+    b.add("notebooks/01_sft.ipynb", {"lesson": 1}, 2.0)
+    b.add("tests/test_nbgrader.py", {"slow": 1}, 70.0)
+    b.add("tests/test_sft.py", {}, 9.0)
+    parts = b.parts({"lesson executions": 125.0, "side venv installs": 40.0})
+    assert parts == {"lesson executions": 125.0, "lesson record tests and nbval": 7.0,
+                     "nbgrader and verl (side venvs)": 30.0, "side venv installs": 40.0, budget.UNIT: 9.0}
+    lines, over = b.report({"lesson executions": 125.0, "side venv installs": 40.0},
+                           {"lesson executions": [("lesson 01", 125.0)]})
+    assert any("lesson 01" in line for line in lines) and not over
+    lines, over = b.report({"lesson executions": 5000.0})
+    assert over == [f"lesson executions (5000 s of {budget.PARTS['lesson executions'][0]} s)"]
+    assert any(line.startswith("lesson executions") and line.endswith("OVER") for line in lines)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_session_prints_its_parts_and_fails_over_budget_only_when_strict(pytester, monkeypatch, strict):
+    monkeypatch.setitem(budget.PARTS, budget.UNIT, (0, ()))      # any unit test is over a budget of 0 s
+    pytester.makepyfile(test_x="def test_one():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "tests.budget", "-p", "no:cacheprovider",
+                                          *(["--budget-strict"] if strict else []))
+    result.stdout.fnmatch_lines(["*where the time went (tests/budget.py)*", "unit tests (make test-fast)*OVER",
+                                 "over budget: unit tests (make test-fast)*"])
+    assert result.ret == (1 if strict else 0)
