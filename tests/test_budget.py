@@ -17,6 +17,12 @@ def test_each_test_goes_to_one_part_by_its_markers_and_file():
     assert set(budget.PARTS) >= {budget.UNIT, *budget.MOVED_FROM, *budget.MOVED_FROM.values()}
 
 
+def test_the_parts_budgets_add_up_to_the_suites():
+    # a fresh clone's `.ci/run` in 25 minutes: its install, then the parts (the venv installs only on a cold cache)
+    assert sum(b for part, (b, _) in budget.PARTS.items() if part != "side venv installs") == budget.SUITE_BUDGET_S
+    assert budget.PARTS[budget.UNIT][0] <= budget.FAST_BUDGET_S
+
+
 def test_work_noted_apart_leaves_the_part_that_started_it():
     b = budget.Breakdown()
     b.add("tests/test_lesson01.py", {"lesson": 1}, 130.0)   # the first test of lesson 01 executed it
@@ -29,7 +35,7 @@ def test_work_noted_apart_leaves_the_part_that_started_it():
     lines, over = b.report({"lesson executions": 125.0, "side venv installs": 40.0},
                            {"lesson executions": [("lesson 01", 125.0)]})
     assert any("lesson 01" in line for line in lines) and not over
-    lines, over = b.report({"lesson executions": 5000.0})
+    lines, over = b.report({"lesson executions": 5000.0, "side venv installs": 40.0})
     assert over == [f"lesson executions (5000 s of {budget.PARTS['lesson executions'][0]} s)"]
     assert any(line.startswith("lesson executions") and line.endswith("OVER") for line in lines)
 
