@@ -17,6 +17,8 @@ import fnmatch
 import time
 from collections import defaultdict
 
+import pytest
+
 # part -> (budget in seconds, the test files whose `slow` tests it holds). A test marked `lesson` counts to the
 # lesson parts, a `slow` one to the first part whose files match its file (fnmatch), every other test to
 # "unit tests": what `make test-fast` runs.
@@ -107,9 +109,15 @@ class _Collector:
 
     def __init__(self, breakdown: Breakdown):
         self.breakdown = breakdown
+        self.markers: dict[str, set] = {}
+
+    @pytest.hookimpl(trylast=True)                  # after the plugins that add markers (lesson_runs: nbval's)
+    def pytest_collection_modifyitems(self, items):   # markers by name: a test id "slow" is not the marker
+        self.markers.update((item.nodeid, {m.name for m in item.iter_markers()}) for item in items)
 
     def pytest_runtest_logreport(self, report):
-        self.breakdown.add(report.location[0].replace("\\", "/"), report.keywords, report.duration)
+        markers = self.markers.get(report.nodeid, set())
+        self.breakdown.add(report.location[0].replace("\\", "/"), markers, report.duration)
 
 
 def pytest_addoption(parser):

@@ -124,3 +124,25 @@ def test_the_lesson_runner_survives_it(tmp_path, first_port_taken, caplog):
     assert (tmp_path / "lesson" / "ran").read_text() == "x"
     assert "exited before it started (attempt 1 of 3" in caplog.text
     assert "Address already in use" in (tmp_path / "out" / "run.log").read_text()  # the first kernel's last words
+
+
+def test_map_in_threads_keeps_order_and_drops_what_has_not_started_on_ctrl_c():
+    import threading
+    import time
+
+    from utils.course.kernel import map_in_threads
+
+    assert map_in_threads(lambda x: x * x, range(7), jobs=3) == [0, 1, 4, 9, 16, 25, 36]
+    started, lock = [], threading.Lock()
+
+    def work(x):
+        with lock:
+            started.append(x)
+        if x == 0:
+            raise KeyboardInterrupt
+        time.sleep(0.2)
+
+    with pytest.raises(KeyboardInterrupt):
+        map_in_threads(work, range(20), jobs=2)
+    time.sleep(0.5)
+    assert len(started) <= 4, f"{len(started)} of 20 items started after Ctrl-C"

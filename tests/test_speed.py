@@ -6,11 +6,39 @@ from utils.course import grading, speed
 
 
 def test_slowdown_is_at_least_one_and_follows_the_workloads_time(monkeypatch):
-    assert speed.measure() > 0 and speed.slowdown() >= 1.0
-    monkeypatch.setattr(speed, "measure", lambda rounds=speed.ROUNDS: 2.5 * speed.REFERENCE_S)
-    assert speed.slowdown() == 2.5
-    monkeypatch.setattr(speed, "measure", lambda rounds=speed.ROUNDS: 0.4 * speed.REFERENCE_S)
-    assert speed.slowdown() == 1.0, "a faster machine keeps the limits as set"
+    monkeypatch.setattr(speed, "_last", None)
+    assert speed.measure() > 0 and 1.0 <= speed.slowdown() <= speed.MAX_SLOWDOWN
+    for ratio, expected in ((2.5, 2.5), (0.4, 1.0), (9.0, speed.MAX_SLOWDOWN)):   # faster: as set; capped
+        monkeypatch.setattr(speed, "_last", None)
+        monkeypatch.setattr(speed, "measure", lambda rounds=speed.ROUNDS, r=ratio: r * speed.REFERENCE_S)
+        assert speed.slowdown() == expected
+
+
+def test_one_measurement_serves_the_calls_of_the_next_seconds_and_threads_take_turns(monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(speed, "_last", None)
+    calls, inside = [], []
+
+    def measure(rounds=speed.ROUNDS):
+        inside.append(1)
+        assert len(inside) == 1, "two measurements at once"
+        time.sleep(0.05)
+        calls.append(1)
+        inside.pop()
+        return 2 * speed.REFERENCE_S
+
+    monkeypatch.setattr(speed, "measure", measure)
+    threads = [threading.Thread(target=speed.slowdown) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and speed.slowdown() == 2.0
+    monkeypatch.setattr(speed, "_last", (time.monotonic() - speed.SHARED_S - 1, 2.0))   # an old measurement
+    speed.slowdown()
+    assert calls == [1, 1]
 
 
 @pytest.mark.parametrize("seconds,factor,expected", [(30, 1.0, 30), (30, 1.45, 44), (8, 2.0, 16), (0.6, 1.0, 1)])

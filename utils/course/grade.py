@@ -51,7 +51,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -69,6 +68,7 @@ from .grading import (
     grading_notebook,
     remove_scratch,
 )
+from .kernel import map_in_threads
 from .lessons import lesson_number, meta_of
 from .submissions import find_submissions, load, unique_safe_names
 
@@ -391,8 +391,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
         return row
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(work, subs))
+        map_in_threads(work, subs, jobs)
     finally:
         remove_scratch(tmp)
     for student in sorted(set(marks) - used):

@@ -7,6 +7,7 @@ under cell and notebook time limits; :func:`read_run` reads each check's result 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -24,6 +25,7 @@ from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
 from . import sandbox as sb
 from . import speed
 from .cells import compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
+from .kernel import kill_tree
 from .lessons import own_cells
 
 KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
@@ -172,16 +174,8 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     """Kill a process and every descendant (papermill and the kernel it started)."""
     import psutil
 
-    try:
-        parent = psutil.Process(proc.pid)
-        family = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        family = []
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    with contextlib.suppress(psutil.NoSuchProcess):
+        kill_tree([psutil.Process(proc.pid)])
     proc.wait()
 
 

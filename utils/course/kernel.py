@@ -26,6 +26,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 
 KERNEL_START_ATTEMPTS = 3
 log = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ def _kernels() -> dict:
     return found
 
 
-def _kill_tree(processes) -> None:
-    """SIGKILL ``processes`` and their descendants, and reap what can be reaped (waits up to 5 s)."""
+def kill_tree(processes) -> None:
+    """SIGKILL ``processes`` (psutil processes) and their descendants, and reap what can be reaped (waits up to
+    5 s)."""
     import psutil
 
     victims = []
@@ -81,8 +83,9 @@ def _kill_tree(processes) -> None:
 def interruptible(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` (something that starts kernels) in a worker thread, the main thread waiting.
 
-    ``KeyboardInterrupt`` in the waiting thread kills every kernel started during the call (with its children)
-    and is raised again once the worker has stopped (it stops when its kernel dies: at most a few seconds).
+    ``KeyboardInterrupt`` (or any other exception) in the waiting thread kills every kernel started during the
+    call (with its children), again until the worker has stopped (a kernel killed while starting is started
+    again by :func:`started_again`: that one is killed too) or 10 s have passed, and is then raised again.
     Called from a thread that is not the main one, ``fn`` simply runs in it (signals reach only the main thread).
     """
     if threading.current_thread() is not threading.main_thread():
@@ -100,13 +103,34 @@ def interruptible(fn, *args, **kwargs):
     try:
         while worker.is_alive():
             worker.join(0.25)
-    except KeyboardInterrupt:
-        _kill_tree(p for pid, p in _kernels().items() if pid not in before)
-        worker.join(10)
+    except BaseException:
+        deadline = time.monotonic() + 10
+        while True:
+            kill_tree([p for pid, p in _kernels().items() if pid not in before])
+            worker.join(0.5)
+            if not worker.is_alive() or time.monotonic() > deadline:
+                break
+        kill_tree([p for pid, p in _kernels().items() if pid not in before])
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
+
+
+def map_in_threads(fn, items, jobs: int) -> list:
+    """``[fn(x) for x in items]``, ``jobs`` at a time in threads (notebooks graded or validated side by side). On
+    Ctrl-C the items not started are dropped (a ``ThreadPoolExecutor`` left by an exception would run them all
+    first); those running stop with their kernels, which the terminal's Ctrl-C reaches too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        results = list(pool.map(fn, items))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ import argparse
 import copy
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -45,6 +44,7 @@ from .cells import (
     strip_tooling_markers,
     stub_solutions,
 )
+from .kernel import map_in_threads
 from .lessons import find_lessons, lesson_number
 
 LAB_META_KEY = "course_lab"          # notebook metadata of a lab: {"lesson": "01", "name": ...}
@@ -200,8 +200,7 @@ def validate(selectors=(), invert: bool = False, jobs: int = 1, timeout: int = 3
         lesson, lab = nbformat.read(path, as_version=4), lab_for(path)
         return {"lesson": path.stem, **validate_notebook(lesson, lab if invert else lesson, lab, invert, timeout)}
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, lesson_paths(selectors)))
+    return map_in_threads(one, lesson_paths(selectors), jobs)
 
 
 # ----------------------------------------------------------------------------- command line
