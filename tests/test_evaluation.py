@@ -240,3 +240,42 @@ def test_static_cache_is_not_used_where_equality_is_not_established(model_and_to
         assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is None
     finally:
         model.config._attn_implementation = "sdpa"
+    # a hook or a forward of its own on a module the step bypasses, or training mode: the model's own forward
+    layer = model.model.layers[0]
+    handle = layer.self_attn.register_forward_hook(lambda *a: None)
+    try:
+        assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is None
+    finally:
+        handle.remove()
+    layer.forward = layer.forward                       # an instance attribute, as a patch would be
+    try:
+        assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is None
+    finally:
+        del layer.forward
+    model.train()
+    try:
+        assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is None
+    finally:
+        model.eval()
+    assert evaluation.StaticCacheDecoder.build(model, cache, enc["attention_mask"], 40) is not None
+
+
+def test_static_cache_takes_grpo_trainers_model_with_trls_fused_lm_head(model_and_tokenizer):
+    """GRPOTrainer patches the model's forward with TRL's fused LM head, which is the original forward unless asked
+    (add_fused_lm_head's docstring): lesson 04's rollouts (rl.decode_rollout) keep the static cache."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import DynamicCache
+    from trl.trainer.utils import add_fused_lm_head
+
+    model, tok = model_and_tokenizer
+    model = copy.deepcopy(model)
+    add_fused_lm_head(model)
+    assert "forward" in vars(model)
+    policy = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).eval()
+    enc = tok(["Question: 1 + 1?"], return_tensors="pt")
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        policy(**enc, past_key_values=cache, use_cache=True)
+    assert evaluation.StaticCacheDecoder.build(policy, cache, enc["attention_mask"], 40) is not None

@@ -63,7 +63,8 @@ class StaticCacheDecoder:
     it); decoding a batch of 250 tiny-model answers takes about three quarters of the time.
 
     :meth:`build` returns None where that equality is not established (another architecture, a GPU, eager
-    attention, sliding windows, offloading hooks): :func:`decode` then calls the model.
+    attention, sliding windows, hooks or a replaced ``forward`` on a module it bypasses, training mode):
+    :func:`decode` then calls the model.
     """
 
     def __init__(self, model, cache, attention_mask: torch.Tensor, capacity: int):
@@ -90,8 +91,17 @@ class StaticCacheDecoder:
         if (attention_mask.device.type != "cpu" or config.model_type not in ("qwen2", "qwen3")
                 or config._attn_implementation != "sdpa"
                 or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
-                or any(hasattr(m, "_hf_hook") for m in base.modules())):
+                or any(hasattr(m, "_hf_hook") for m in base.modules()) or model.training):
             return None
+        # the modules whose forward the step does not call: no hook on them, no forward of their own. TRL's fused
+        # LM head (a forward patched on the model) is let through: without fused_lm_head=True it is the original
+        # forward (trl.trainer.utils.add_fused_lm_head)
+        bypassed = [model, base, base.model, *base.model.layers, *(layer.self_attn for layer in base.model.layers)]
+        for m in bypassed:
+            own = vars(m).get("forward")
+            trl_fused = getattr(getattr(own, "__code__", None), "co_name", None) == "_fused_forward"
+            if m._forward_hooks or m._forward_pre_hooks or (own is not None and not trl_fused):
+                return None
         return cls(model, cache, attention_mask, capacity)
 
     def select(self, keep: torch.Tensor) -> None:
