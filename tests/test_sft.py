@@ -238,7 +238,10 @@ def test_lessons_with_the_same_recipe_share_one_sft_model(tmp_path, tok):
     assert first == tmp_path / "runs" / "05_x" / "sft-model" and (shared / "model.safetensors").is_file()
     torch.manual_seed(6)   # another lesson, in another state
     random.seed(6)
-    assert sft.sft_checkpoint(cfg, tok, problems, tmp_path / "runs" / "06_y") == shared
+    second = sft.sft_checkpoint(cfg, tok, problems, tmp_path / "runs" / "06_y")
+    assert second == tmp_path / "runs" / "06_y" / "sft-model", "its own folder: the model's name is the same"
+    assert (second / "model.safetensors").stat().st_ino == (shared / "model.safetensors").stat().st_ino, "a link"
+    assert sft.reused(second) and not sft.reused(first)
     assert not (tmp_path / "runs" / "06_y" / "sft").exists(), "the second lesson did not train"
     assert draws() == after_training, "loading leaves the generators as training does: the same samples next"
     alone = sft.sft_checkpoint(cfg, tok, problems, tmp_path / "elsewhere" / "08_z")   # no shared copy there
@@ -249,3 +252,7 @@ def test_lessons_with_the_same_recipe_share_one_sft_model(tmp_path, tok):
                                       (cfg, data.make_problems(16, split="train", seed=1))):
         assert sft.recipe_digest(other_cfg, tok, other_problems) != shared.name
         assert sft.sft_checkpoint(other_cfg, tok, other_problems, tmp_path / "runs" / "07_w") != shared
+    # another recipe trained where the shared model was linked: the shared copy keeps its weights
+    sft.sft_checkpoint(presets.resolve("tiny", lesson="01", max_steps=3), tok, problems, tmp_path / "runs" / "06_y")
+    kept = load_file(shared / "model.safetensors")
+    assert all(torch.equal(kept[k], weights[0][k]) for k in kept), "writing a lesson's model changed the shared one"

@@ -274,18 +274,24 @@ def train_sft(model, tokenizer, problems: list[dict], cfg, output_dir: str | Pat
 
 SHARED_DIR = "sft-models"   # beside the lessons' own folders: runs/<preset>/sft-models/<recipe digest>/
 RNG_FILE = "rng-state.json"  # the random generators as training left them (restored where the model is loaded)
+SHARED_FROM = "shared-from.txt"  # in a lesson's sft-model taken from sft-models/: the digest it came from
 
 
 def recipe_digest(cfg, tokenizer, problems: list[dict]) -> str:
     """A digest of everything :func:`train_sft` makes a model from: the resolved preset (steps, batch, rates,
     seed, dtype, device, base model), the training problems, the tokenizer (vocabulary and chat template),
     the base model's files when it is a local folder, the library versions, the thread count, and the source
-    of this module and of :mod:`utils.training`. Two lessons with the same digest train the same model, bit for
-    bit."""
+    of the modules training reads (this one, :mod:`utils.training`, :mod:`utils.data` which writes the
+    conversations, :mod:`utils.runtime` which seeds). Two lessons with the same digest train the same model, bit
+    for bit. (A Hub model is named by its id: a new upload under the same id is not seen; delete
+    ``runs/<preset>/sft-models/`` after changing a model's revision.)"""
+    import accelerate
+    import datasets
     import peft
     import transformers
+    import trl
 
-    from . import training
+    from . import data, training
 
     h = hashlib.sha256()
 
@@ -302,8 +308,9 @@ def recipe_digest(cfg, tokenizer, problems: list[dict]) -> str:
     if model.is_dir():   # a local model: its files' contents (a large one: their sizes and times)
         add(sorted((f.name, hashlib.sha256(f.read_bytes()).hexdigest() if f.stat().st_size <= 64 << 20
                     else (f.stat().st_size, f.stat().st_mtime_ns)) for f in model.iterdir() if f.is_file()))
-    add([torch.__version__, transformers.__version__, peft.__version__, torch.get_num_threads()])
-    add([inspect.getsource(m) for m in (training, sys.modules[__name__])])
+    add([torch.__version__, transformers.__version__, peft.__version__, trl.__version__, accelerate.__version__,
+         datasets.__version__, torch.get_num_threads()])
+    add([inspect.getsource(m) for m in (training, data, runtime, sys.modules[__name__])])
     return h.hexdigest()[:20]
 
 
@@ -317,11 +324,13 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
 
     Lessons that start from the same recipe (lessons 05, 06 and 08; 03 and 07) share it: a copy goes to
     ``output_dir/../sft-models/<digest>/`` (:func:`recipe_digest`: preset, problems, tokenizer, base model,
-    libraries and this code), and a later lesson whose digest matches loads that copy instead of training
-    again (run in one folder, as ``python -m utils run`` and the tests do; on a T4 this saves the ten
-    minutes of a 300-step SFT). The copy is bit-for-bit what training would give (a test holds it), and the random
-    generators are left as training leaves them (saved beside the model), so what the lesson samples next is the
-    same either way.
+    libraries and this code), and a later lesson whose digest matches takes that copy into its own
+    ``sft-model`` instead of training again (run in one folder, as ``python -m utils run`` and the tests do;
+    on a T4 this saves the ten minutes of a 300-step SFT). Copies are hard links where the file system allows
+    (no second copy of the weights on disk); a folder is emptied before it is written, so writing one never
+    changes another through a shared file. The copy is bit-for-bit what training would give (a test holds it),
+    and the random generators are left as training leaves them (saved beside the model), so what the lesson
+    samples next is the same either way.
     Returns the model's directory: load the model from it, never reuse the trained object (trainers patch
     the ``forward`` of the model they are given).
     """
@@ -334,7 +343,11 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
     if (shared / "config.json").exists() and (shared / RNG_FILE).exists():
         print(f"SFT start: the same recipe, data and base model as an earlier lesson's; loading its model from "
               f"{SHARED_DIR}/{shared.name} instead of training again")
-        return _loaded(shared)
+        shutil.rmtree(sft_dir, ignore_errors=True)
+        _link_tree(shared, sft_dir)
+        (sft_dir / SHARED_FROM).write_text(shared.name + "\n")
+        return _loaded(sft_dir)
+    shutil.rmtree(sft_dir, ignore_errors=True)       # fresh files: never write through a link into a shared copy
     base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=cfg.dtype).to(cfg.device)
     runtime.seed_everything(cfg.seed)   # LoRA's initial weights (GPU presets) drawn the same in every lesson
     trained = train_sft(base, tokenizer, problems, cfg, Path(output_dir) / "sft").model
@@ -345,12 +358,30 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
     shared.parent.mkdir(parents=True, exist_ok=True)
     staging = shared.with_name(f".{shared.name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(sft_dir, staging)
     try:
+        _link_tree(sft_dir, staging)
         os.replace(staging, shared)                   # atomic: a reader sees the whole model or none
-    except OSError:                                   # another run wrote it first: theirs is the same model
+    except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if not (shared / "config.json").exists():     # else another run wrote it first: theirs is the same model
+            print(f"(the SFT model could not be shared in {SHARED_DIR}/, {type(e).__name__}: {e}; "
+                  "later lessons will train their own)")
     return sft_dir
+
+
+def reused(model_dir: str | Path) -> bool:
+    """Whether :func:`sft_checkpoint` took the model in ``model_dir`` from an earlier lesson's run (not trained)."""
+    return (Path(model_dir) / SHARED_FROM).is_file()
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Copy the folder ``src`` to ``dst`` (new), each file a hard link to its original where the file system allows."""
+    def link_or_copy(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dst, copy_function=link_or_copy)
 
 
 def _loaded(model_dir: Path) -> Path:
