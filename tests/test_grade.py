@@ -206,3 +206,25 @@ def test_grades_csv_never_holds_a_formula(tmp_path):
     assert got[0]["hardware"].startswith("'@SUM") and len(got[0]["hardware"]) == 201
     assert got[1] == {"student": "bob", "total": "3", "hardware": "CPU (2 cores)", "flags": ""}
     assert got[0]["flags"] == long_flags and len(long_flags) > 200, "the grader's own flags are never cut"
+
+
+def test_the_grading_worker_starts_without_the_slow_iri_parsers():
+    """The worker's first line keeps jsonschema from importing rfc3987_syntax (1.5 s of every run's start here);
+    nbformat still validates, and still rejects, notebooks in that process."""
+    import subprocess
+    import sys
+    prelude = grading.WORKER.split("from utils.course.grading")[0]
+    code = prelude + """
+import time; t = time.perf_counter()
+import nbformat
+from nbformat.v4 import new_notebook
+nbformat.validate(new_notebook())
+bad = new_notebook(); bad.cells.append({"cell_type": "code"})
+try:
+    nbformat.validate(bad); print("accepted")
+except nbformat.ValidationError:
+    print("rejected")
+print(sys.modules.get("rfc3987_syntax"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["rejected", "None"], out

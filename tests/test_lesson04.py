@@ -18,7 +18,8 @@ def test_from_scratch_loss_matches_grpo_trainer(records):
 def test_naive_reward_is_gamed(records):
     # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines.
     # With 20 hacking steps every seed ran (nearly) to the limit: seeds 0, 1, 2 -> naive reward 8.0,
-    # lines 79.7-80.0, accuracy 0.0-0.001, format compliance 0.0. (With 10 steps seed 1 only reached 3.7 lines.)
+    # lines 79.98-80.0, accuracy 0.0, format compliance 0.0. (With 10 steps seed 1 only reached 3.7 lines; with 14 steps
+    # at learning rate 6e-3 seed 2 reached 32.8.)
     assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 3
     assert records["04/hack_accuracy_after"] < 0.3 * records["04/hack_accuracy_before"]
     assert records["04/hack_lines_per_answer_after"] > 40, "twenty steps take it most of the way to the limit"
@@ -40,7 +41,9 @@ def test_grpo_run(records):
 def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
     # the SFT model mostly names the answer without working it out (it saw 60 % such answers);
     # GRPO, rewarded on the final number only, makes it work the problem out
-    # seeds 0, 1, 2: 0.886 -> 0.0, 0.946 -> 0.006, 0.99 -> 0.154
+    # seeds 0, 1, 2 (16 steps at learning rate 1.25e-3): 0.886 -> 0.0, 0.946 -> 0.0, 0.99 -> 0.228
+    # (20 steps at 1e-3, before the suite's time budget: 0.0, 0.006, 0.154; accuracy gains +0.140, +0.146, +0.150
+    # against +0.138, +0.144, +0.122 now)
     assert records["04/sft_shortcut_share"] > 0.5
     assert records["04/grpo_shortcut_share"] < 0.3 and records["04/grpo_shortcut_share"] < records["04/sft_shortcut_share"] - 0.5
 
@@ -63,12 +66,11 @@ def test_capstone_grpo_step_is_grpo_trainers_and_trains(records):
     # of the largest entry, both in fp32; the cell asserts the reference log-probs to 1e-4)
     assert records["04/hand_trl_loss_rel_diff"] < 1e-4
     assert records["04/hand_trl_grad_max_rel_diff"] < 1e-4
-    # the short run with it (12 steps x 8 prompts on tiny) moves the model the way GRPOTrainer's run does: held-out
-    # greedy accuracy up, answers without working down. Seeds 0, 1, 2: accuracy 0.062 -> 0.162, 0.066 -> 0.126,
-    # 0.058 -> 0.196 (+0.100, +0.060, +0.138, each beyond two standard errors); shortcut answers 0.886 -> 0.254,
-    # 0.946 -> 0.248, 0.990 -> 0.322.
-    # The training reward's own rise over 12 steps is within its step-to-step noise on all three (+0.052 +- 0.089,
-    # +0.000 +- 0.033, +0.083 +- 0.063), and the lesson prints which it is.
-    assert records["04/hand_steps"] == 12 and records["04/hand_seconds"] > 0   # tiny's hand_steps
+    # the short run with it (8 steps x 8 prompts on tiny) moves the model the way GRPOTrainer's run does: held-out
+    # greedy accuracy up, answers without working down. Seeds 0, 1, 2: accuracy 0.062 -> 0.124, 0.066 -> 0.152,
+    # 0.058 -> 0.214 (+0.062, +0.086, +0.156); shortcut answers 0.886 -> 0.442, 0.946 -> 0.414, 0.990 -> 0.028.
+    # The training reward's own change over 8 steps is within its step-to-step noise on all three (-0.047 +- 0.078,
+    # -0.008 +- 0.023, +0.055 +- 0.074), and the lesson prints which it is.
+    assert records["04/hand_steps"] == 8 and records["04/hand_seconds"] > 0   # tiny's hand_steps
     assert records["04/hand_accuracy"] >= records["04/sft_accuracy"] + 0.04
     assert records["04/hand_shortcut_share"] < records["04/sft_shortcut_share"] - 0.3

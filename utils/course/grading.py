@@ -135,6 +135,14 @@ def _limited(metadata) -> bool:
     return metadata.get("grading", {}).get("role") in ("answer", "check")
 
 
+# The command of the worker process. nbformat validates notebooks with jsonschema, whose format checkers import
+# ``rfc3987_syntax`` where it is installed (jupyterlab's dependencies install it): that import builds some 35 Earley
+# parsers, 1.5 s of every worker's start here (jsonschema issue #1428), for the "iri" formats that no notebook
+# schema uses. The worker marks the module absent first; jsonschema then leaves those two format checks out.
+WORKER = ("import sys; sys.modules.setdefault('rfc3987_syntax', None); "
+          "from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))")
+
+
 def _worker(argv) -> int:
     """Run in a child process: execute one grading notebook with papermill; write a status file."""
     src, dst, cell_timeout, cwd, status_path, params = argv
@@ -350,8 +358,7 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     (workdir / "home").mkdir(exist_ok=True)
     inside = sb.SCRATCH if sandbox is not None else workdir  # the scratch folder as the run sees it
     params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
-    worker = "import sys; from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", worker, *(str(inside / p.name) for p in (src, dst)), str(cell_timeout),
+    cmd = [sys.executable, "-c", WORKER, *(str(inside / p.name) for p in (src, dst)), str(cell_timeout),
            str(kernel_cwd), str(inside / status_path.name), params]
     env, confinement, max_bytes = kernel_env(inside), None, sb.DEFAULT_FILE_MIB * sb.MiB
     if sandbox is not None:

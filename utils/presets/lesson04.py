@@ -19,8 +19,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "grad_accum":             (1,     8,      8,      4),       # batch_size x grad_accum = one generation batch
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
-    "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),    # LoRA adapters (tiny: 1e-2 never settles)
-    "max_steps":              (20,    200,    200,    200),     # optimizer steps
+    "learning_rate":          (1.25e-3, 1e-5, 1e-5,   1e-5),    # LoRA adapters (tiny: 1e-2 never settles)
+    "max_steps":              (16,    200,    200,    200),     # optimizer steps
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),    # KL weight: > 0, so the KL is logged
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default
@@ -36,10 +36,10 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "use_vllm":               (False, False,  False,  False),   # vLLM is not pinned: pip install vllm, USE_VLLM=True
     "decode_rollout":         (True,  False,  False,  False),   # tiny: rl.decode_rollout samples (TRL's rollout_func)
     "hack_steps":             (20,    30,     30,     30),      # the reward-hacking run
-    "hack_learning_rate":     (4.5e-3, 5e-5,  5e-5,   5e-5),    # 4.5x / 5x the real run: the exploit shows quickly
-    "hand_steps":             (12,    30,     30,     30),      # the capstone: GRPO with the student's grpo_step
+    "hack_learning_rate":     (4.5e-3, 5e-5,  5e-5,   5e-5),    # 3.6x / 5x the real run: the exploit shows quickly
+    "hand_steps":             (8,     30,     30,     30),      # the capstone: GRPO with the student's grpo_step
     "hand_prompts":           (8,     2,      2,      4),       # prompts per step (x G completions, one backward)
-    "sampled_eval_prompts":   (100,   200,    200,    200),     # held-out prompts for pass@k
+    "sampled_eval_prompts":   (50,    200,    200,    200),     # held-out prompts for pass@k
     "sweep_prompts":          (32,    64,     64,     64),      # the num_generations x temperature sweep
     "sweep_generations":      (GENERATIONS,) * 4,
     "sweep_temperatures":     (TEMPERATURES,) * 4,
