@@ -139,8 +139,8 @@ def _limited(metadata) -> bool:
 # ``rfc3987_syntax`` where it is installed (jupyterlab's dependencies install it): that import builds some 35 Earley
 # parsers, 1.5 s of every worker's start here (jsonschema issue #1428), for the "iri" formats that no notebook
 # schema uses. The worker marks the module absent first; jsonschema then leaves those two format checks out.
-WORKER = ("import sys; sys.modules.setdefault('rfc3987_syntax', None); "
-          "from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))")
+WITHOUT_IRI_PARSERS = "import sys; sys.modules.setdefault('rfc3987_syntax', None); "
+WORKER = WITHOUT_IRI_PARSERS + "from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))"
 
 
 def _worker(argv) -> int:
