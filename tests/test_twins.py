@@ -218,10 +218,10 @@ def test_resolution_table_shows_the_measurement_on_gpu_presets_only():
     gpu = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
                                params=dict(presets.PRESETS["24g"]["lessons"]["04"]))
     assert gpu.table().endswith("measured    peak 23.3 GB (tensors 16.7 GB) with PyTorch capped at 23.4 GB, "
-                                "26.35 s per generation batch (GRPO train) on an H100 (architecture twin)")
+                                "26.35 s per generation batch (GRPO train) on an H100 (random-weight stand-in)")
     old = dict(presets.measurement("80g", "04"))
     assert presets.measured_note("80g", "04") == ("peak 37.2 GB, 39.64 s per generation batch (GRPO train) on an "
-                                                  "H100 (architecture twin)")   # a record without allocated_gb
+                                                  "H100 (random-weight stand-in)")   # a record without allocated_gb
     assert "allocated_gb" not in old["phases"]["GRPO train"]
     assert "measured" not in presets.resolve("tiny", lesson="04").table()
 
@@ -277,7 +277,7 @@ def test_capstone_phases_hold_the_presets_sizes():
 
 def test_a_record_measured_on_another_gpu_names_it():
     assert presets.measured_note("t4-16g", "07").endswith(", 24.17 s per iteration (PPO iteration) on an H200 "
-                                                          "(architecture twin)")
+                                                          "(random-weight stand-in)")
     assert presets.measured_note("24g", "07") == "unmeasured"
 
 

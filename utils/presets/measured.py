@@ -70,7 +70,7 @@ def measured_note(record: dict | None) -> str:
         phase = record["phases"][main]
         note += f", {phase['seconds']:g} s per {phase['unit']} ({main})"
         gpu = phase.get("gpu", gpu)
-    return note + f" on an {gpu.removeprefix('NVIDIA ')} (architecture twin)"
+    return note + f" on an {gpu.removeprefix('NVIDIA ')} (random-weight stand-in)"
 
 
 def memory_warning(preset: str, lesson: str, record: dict | None, gpu: dict | None) -> str | None:
@@ -80,6 +80,7 @@ def memory_warning(preset: str, lesson: str, record: dict | None, gpu: dict | No
         return None
     worst = max(record["phases"], key=lambda k: record["phases"][k]["peak_gb"] or 0)
     return (f"[presets] warning: lesson {lesson} on {preset!r} peaked at {record['peak_gb']:.1f} GB of GPU memory "
-            f"({worst!r}) in an architecture-twin run, and {gpu['name']} has {gpu['total_gb']:g} GB. The figure "
-            "is an upper bound (PyTorch's allocator cache, answers of the full max_completion_length); if it runs "
-            "out of memory, lower prompts_per_step / batch_size / eval_batch_size (see the README's GPU table).")
+            f"({worst!r}) in a run of its random-weight stand-in, and {gpu['name']} has {gpu['total_gb']:g} GB. "
+            "The figure is an upper bound (PyTorch's allocator cache, answers of the full max_completion_length); "
+            "if it runs out of memory, lower prompts_per_step / batch_size / eval_batch_size "
+            "(see the README's GPU table).")
