@@ -57,24 +57,24 @@ ESTIMATORS = ("ppo", "reinforce_pp", "rloo", "grpo")
 
 
 def test_every_estimator_and_online_rft_beat_the_sft_model(records):
-    # Same SFT start, prompts and iterations; greedy accuracy on 200 held-out problems (binomial SE about 0.03).
-    # Seeds 0, 1, 2: SFT 0.065 / 0.055 / 0.035, PPO 0.260 / 0.210 / 0.155, REINFORCE++ 0.240 / 0.185 / 0.165,
-    # RLOO 0.225 / 0.215 / 0.140, GRPO 0.265 / 0.240 / 0.155; online RFT (section 11, the same samples)
-    # 0.275 / 0.205 / 0.165. Not asserted: offline RFT, 0.255 / 0.110 / 0.090 (+0.055 over SFT on seeds 1 and 2,
-    # within noise on seed 1).
+    # Same SFT start, prompts and iterations (15 of 12 prompts x 4 samples on tiny); greedy accuracy on 200 held-out
+    # problems (binomial SE about 0.03). Seeds 0, 1, 2: SFT 0.065 / 0.055 / 0.035, PPO 0.165 / 0.160 / 0.155,
+    # REINFORCE++ 0.255 / 0.225 / 0.160, RLOO 0.215 / 0.215 / 0.170, GRPO 0.280 / 0.210 / 0.170; online RFT
+    # (section 11, the same samples) 0.230 / 0.210 / 0.205. The smallest gain, PPO's +0.100 on seed 0 (± 0.032).
+    # Not asserted: offline RFT, 0.210 / 0.210 / 0.075 (+0.040 ± 0.024 over SFT on seed 2, within noise).
     n = records["07/rl_heldout_problems"]
     sft = records["07/sft_heldout_accuracy"]
     for key in ESTIMATORS + ("online_rft",):
         acc = records[f"07/{key}_heldout_accuracy"]
         se = ((acc * (1 - acc) + sft * (1 - sft)) / n) ** 0.5
         assert acc - sft > 2 * se and acc - sft >= 0.08, f"{key}: {sft:.3f} -> {acc:.3f} (± {se:.3f})"
-    # not asserted: the sampled accuracy during training (64 samples an iteration; SE about 0.04 over three) moves within
-    # its noise, first three iterations against last three: PPO 0.125 -> 0.115 / 0.109 -> 0.120 / 0.120 -> 0.177.
+    # not asserted: the sampled accuracy during training (48 samples an iteration; SE about 0.04 over three) moves within
+    # its noise, first three iterations against last three: PPO 0.090 -> 0.146 / 0.069 -> 0.062 / 0.167 -> 0.083.
 
 
 def test_the_same_budget_means_the_same_samples(records):
     # every run samples rl_iterations x rl_prompts x rl_samples answers to the same prompts; only their lengths
-    # differ (seed 0: 35.4k to 39.7k tokens)
+    # differ (seed 0: 26.0k to 27.8k tokens)
     counts = [records[f"07/{key}_generated_tokens"] for key in ESTIMATORS + ("rft", "online_rft")]
     assert max(counts) < 1.25 * min(counts), counts
 
@@ -168,19 +168,18 @@ def test_the_lesson_prints_each_outcome_rm_verdict(records, lesson_runs):
 
 
 def test_over_optimisation_the_proxy_rises_the_gold_does_not_follow(records):
-    # GRPO against the reward model, no KL, 30 iterations of 8 prompts x 4 samples: as many sampled answers (960) as
-    # section 9's GRPO on the verifier. The proxy's window means rise .33 -> 1.44 / .29 -> 1.59 / .35 -> 1.89 (seeds
-    # 0, 1, 2; per-iteration sd 0.04-0.15) and the KL grows (0.013 -> 0.19 / 0.015 -> 0.33 / 0.014 -> 0.18 per token).
-    # Held-out greedy accuracy, 200 problems: SFT 0.065 / 0.055 / 0.035, GRPO on the verifier 0.265 / 0.240 / 0.155,
-    # GRPO on the reward model 0.115 / 0.065 / 0.110: its gain over SFT +0.050 / +0.010 / +0.075 (within noise,
-    # within noise, beyond 2 SE) against the verifier's +0.200 / +0.185 / +0.120; verifier - reward model +0.150 /
-    # +0.175 / +0.045 (beyond 2 SE on seeds 0 and 1, within noise on 2): asserted only as "never better beyond noise".
-    # The windows' sampled gold (SE over the 40 prompts of a window, 0.018-0.056), first -> best -> last: .106 -> .188
-    # (iterations 11-15) -> .069 / .125 -> .200 (6-10) -> .113 / .150 -> .231 (16-20) -> .113. The rise to the best
-    # window is within noise on every seed (+0.081 ± 0.056 / +0.075 ± 0.056 / +0.081 ± 0.066), and so is the first
-    # window against the last; the fall from the best window is beyond 2 SE on seed 0 only (-0.119 ± 0.054 /
-    # -0.088 ± 0.061 / -0.119 ± 0.068), and the best window is biased up (the largest of six): no peak-and-fall is
-    # asserted.
+    # GRPO against the reward model, no KL, 30 iterations of 6 prompts x 4 samples: as many sampled answers (720) as
+    # section 9's GRPO on the verifier. The proxy's window means rise .53 -> 1.55 / .26 -> 1.41 / .34 -> 1.76 (seeds
+    # 0, 1, 2; per-iteration sd 0.07-0.31) and the KL grows (0.028 -> 0.19 / 0.024 -> 0.22 / 0.012 -> 0.15 per token).
+    # Held-out greedy accuracy, 200 problems: SFT 0.065 / 0.055 / 0.035, GRPO on the verifier 0.280 / 0.210 / 0.170,
+    # GRPO on the reward model 0.115 / 0.090 / 0.125: its gain over SFT +0.050 / +0.035 / +0.090 (within noise,
+    # within noise, beyond 2 SE) against the verifier's +0.215 / +0.155 / +0.135; verifier - reward model +0.165 /
+    # +0.120 / +0.045 (beyond 2 SE on seeds 0 and 1, within noise on 2): asserted only as "never better beyond noise".
+    # The windows' sampled gold (SE over the 30 prompts of a window, 0.027-0.057), first -> best -> last: .083 -> .158
+    # (iterations 16-20) -> .108 / .142 -> .158 (16-20) -> .075 / .183 (1-5, the first) -> .058. The rise to the best
+    # window is within noise on every seed (+0.075 ± 0.067 / +0.017 ± 0.069 / 0), and the best window is biased up
+    # (the largest of six); the last window against the first is within noise on seeds 0 and 1 (+0.025 ± 0.056 /
+    # -0.067 ± 0.060) and lower beyond 2 SE on seed 2 (-0.125 ± 0.059): no peak-and-fall is asserted.
     assert records["07/overopt_sampled_answers"] == records["07/grpo_sampled_answers"], "the same budget"
     proxy = records["07/overopt_proxy"]
     assert proxy[-1] - proxy[0] > 1.0, f"the proxy rises: {proxy}"
@@ -203,20 +202,20 @@ def test_over_optimisation_verdicts_are_read_from_the_records(records, lesson_ru
 
 
 def test_the_over_optimised_policy_learned_what_the_proxy_pays_for(records):
-    # the probes' features, held-out answers of the SFT model and of the over-optimised policy (64 each). Seeds 0, 1,
-    # 2: shows working 0.33 / 0.28 / 0.34 -> 1.00 on all three; opens with filler 0.53 / 0.38 / 0.59 -> 0.00
+    # the probes' features, held-out answers of the SFT model and of the over-optimised policy (48 each). Seeds 0, 1,
+    # 2: shows working 0.38 / 0.23 / 0.29 -> 1.00 on all three; opens with filler 0.44 / 0.44 / 0.65 -> 0.00
     assert records["07/overopt_after_shows_working"] >= 0.9 > records["07/overopt_sft_shows_working"] + 0.3
     assert records["07/overopt_after_opens_with_filler"] <= 0.1 < records["07/overopt_sft_opens_with_filler"] - 0.2
     assert records["07/overopt_after_proxy"] > records["07/overopt_sft_proxy"] + 1.0
 
 
 def test_the_proxy_and_the_gold_rank_the_two_grpo_policies(records, lesson_runs):
-    # The reward model's mean score of 64 sampled held-out answers (SE over the 16 prompts), GRPO on the reward model
-    # minus GRPO on the verifier, seeds 0, 1, 2: +0.82 ± 0.21 / +2.02 ± 0.17 / +1.55 ± 0.23, the proxy prefers the
-    # policy that optimised it on every seed; the gold (held-out greedy accuracy) the other way round, -0.150 ± 0.039 /
-    # -0.175 ± 0.035 / -0.045 ± 0.034 (within noise on seed 2): that direction is asserted above as "never better".
-    # GRPO on the verifier learned to show its working too (shows working 0.86 / 0.72 / 0.67, the SFT model's 0.33 /
-    # 0.28 / 0.34): correct answers mostly show it.
+    # The reward model's mean score of 48 sampled held-out answers (SE over the 12 prompts), GRPO on the reward model
+    # minus GRPO on the verifier, seeds 0, 1, 2: +0.70 ± 0.26 / +1.57 ± 0.27 / +2.26 ± 0.27, the proxy prefers the
+    # policy that optimised it on every seed; the gold (held-out greedy accuracy) the other way round, -0.165 ± 0.039 /
+    # -0.120 ± 0.036 / -0.045 ± 0.036 (within noise on seed 2): that direction is asserted above as "never better".
+    # GRPO on the verifier learned to show its working too (shows working 0.81 / 0.69 / 0.48, the SFT model's 0.38 /
+    # 0.23 / 0.29): correct answers mostly show it.
     names = ("GRPO, reward model", "GRPO, verifier")
     after = (records["07/overopt_after_proxy"], records["07/overopt_after_proxy_se"])
     verifier = (records["07/overopt_verifier_proxy"], records["07/overopt_verifier_proxy_se"])

@@ -32,7 +32,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "logging_steps":          (5,     10,     10,     10),
     "rl_pool":                (2000,  7473,   7473,   7473),    # sections 7-12, verl's names: the RL runs' prompt pool
     "rl_iterations":          (15,    200,    200,    200),     # rollout + update rounds
-    "rl_prompts":             (16,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
+    "rl_prompts":             (12,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
     "rl_samples":             (4,     4,      4,      4),       # responses per prompt (rollout.n)
     "rl_minibatches":         (2,     4,      4,      4),       # updates per rollout (batch / ppo_mini_batch_size)
     "rl_micro_batch":         (32,    2,      4,      8),       # sequences per forward (ppo_micro_batch_size_per_gpu)
@@ -45,6 +45,6 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "cliprange_value":        (0.5,   0.5,    0.5,    0.5),     # critic.cliprange_value (verl's default)
     "entropy_coeff":          (0.0,   0.0,    0.0,    0.0),     # actor.entropy_coeff (verl's default: no bonus)
     "overopt_iterations":     (30,    200,    200,    200),     # section 12: rounds against the reward model
-    "overopt_prompts":        (8,     16,     32,     64),      # section 12: prompts per rollout
+    "overopt_prompts":        (6,     16,     32,     64),      # section 12: prompts per rollout
     "overopt_kl_coef":        (0.0,   0.0,    0.0,    0.0),     # section 12: no KL, the fewest steps to over-optimise
 }
