@@ -44,10 +44,17 @@ _extra: dict[str, float] = defaultdict(float)   # seconds of work named outside 
 _details: dict[str, list] = defaultdict(list)
 
 
-def note(part: str, seconds: float, what: str) -> None:
+def note(part: str, seconds: float, what: str | None) -> None:
     """Count ``seconds`` to ``part`` instead of to the test that is running (lesson executions, venv installs);
-    ``what`` names the piece ("lesson 04") in the table."""
+    ``what`` names the piece ("lesson 04") in the table (None: no line of its own)."""
     _extra[part] += seconds
+    if what is not None:
+        _details[part].append((what, seconds))
+
+
+def detail(part: str, what: str, seconds: float) -> None:
+    """A line under ``part`` in the table, counted to nothing: work done beside the session's own (a lesson
+    executed in the background, whose wait :func:`note` counted)."""
     _details[part].append((what, seconds))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from utils.constants import REPO_ROOT
@@ -81,13 +82,17 @@ def test_ctrl_c_stops_the_runner_and_its_kernel(tmp_path):
     assert "interrupted after 0 of 1 lessons" in (tmp_path / "run.txt").read_text()
 
 
-def test_ctrl_c_stops_pytest_in_a_lesson_execution(tmp_path):
-    """`make test` executes the lessons from pytest (tests/lesson_runs.py): Ctrl-C there ends the session."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_pytest_in_a_lesson_execution(tmp_path, workers):
+    """`make test` executes the lessons from pytest (tests/lesson_runs.py), in its own process (one worker) or
+    side by side in processes of their own (two): Ctrl-C there ends the session and every kernel."""
     lesson, marker = _endless_lesson(tmp_path / "nb")
     test = tmp_path / "test_endless.py"
     test.write_text("from pathlib import Path\nfrom tests.lesson_runs import LessonRuns\n\n"
                     "def test_endless():\n"
-                    f"    LessonRuns(Path({str(tmp_path / 'runs')!r})).run({str(lesson)!r})\n\n"
+                    f"    runs = LessonRuns(Path({str(tmp_path / 'runs')!r}), workers={workers})\n"
+                    f"    runs.prefetch([{str(lesson)!r}])\n"
+                    f"    runs.run({str(lesson)!r})\n\n"
                     "def test_after():\n    pass\n")
     log = tmp_path / "pytest.txt"
     cmd = [sys.executable, "-m", "pytest", str(test), "-p", "no:cacheprovider", "-v", "--rootdir", str(REPO_ROOT)]

@@ -1,13 +1,16 @@
 """tests/lesson_runs.py, the plugin behind `make test`: one execution per lesson, and nbval's comparison of
-the committed outputs with that execution (fast: no lesson is executed here)."""
+the committed outputs with that execution (fast: no real lesson is executed here)."""
 import threading
 
 import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
 from tests import lesson_runs
+from utils.constants import REPO_ROOT
 from utils.course import lessons as course_lessons
 from utils.course import run as course_run
+from utils.records import read_records
 
 pytest_plugins = ["pytester"]
 
@@ -30,6 +33,55 @@ def test_each_lesson_executes_once_however_often_and_concurrently_it_is_asked_fo
     runs.run("04")
     runs.run("06")
     assert [p.name for p in calls] == ["04_x.ipynb", "06_x.ipynb"]
+
+
+@pytest.mark.parametrize("cores, workers, expected", [(2, None, 2), (1, None, 1), (16, None, 4), (2, 1, 1), (8, 3, 3)])
+def test_lessons_side_by_side_one_per_core(cores, workers, expected):
+    assert lesson_runs.side_by_side(cores, workers) == expected
+
+
+def _fake_lesson(path, seconds: float):
+    """A lesson that records how its kernel's CPU threads were set up, then sleeps ``seconds``."""
+    source = ("import os, time, torch\nfrom utils.records import record, show_records\n"
+              "record('x/threads', torch.get_num_threads())\n"
+              "record('x/wait_policy', os.environ.get('OMP_WAIT_POLICY'))\n"
+              f"time.sleep({seconds})\nrecord('x/slept', {seconds})\nshow_records()")
+    nb = new_notebook(cells=[new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})"), new_code_cell(source)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return str(path)
+
+
+def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):
+    """Two lessons of 3 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
+    two sleeps overlapping; each execution's time shown apart and the session's wait counted once."""
+    import time
+
+    from tests import budget
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(budget, "_details", budget.defaultdict(list))
+    monkeypatch.setattr(budget, "_extra", budget.defaultdict(float))
+    (tmp_path / "nb").mkdir()
+    lessons = [_fake_lesson(tmp_path / "nb" / f"0{i}_fake.ipynb", 3) for i in (1, 2)]
+    runs = lesson_runs.LessonRuns(tmp_path / "runs", note=budget.note, workers=2)
+    start = time.perf_counter()
+    runs.prefetch(lessons)
+    results = [runs.run(lesson) for lesson in lessons]
+    took = time.perf_counter() - start
+    for result in results:
+        assert result["status"] == "ok", result
+        assert read_records(result["notebook"]) == {"x/threads": 2, "x/wait_policy": "PASSIVE", "x/slept": 3}
+    walls = [s for what, s in budget._details["lesson executions"]]
+    assert len(walls) == 2 and took < sum(walls), (took, walls)     # side by side, not one after the other
+    assert budget._extra["lesson executions"] == pytest.approx(took, abs=1.0)
+
+
+def test_a_lesson_whose_worker_dies_fails_its_tests_with_the_workers_log(tmp_path):
+    runs = lesson_runs.LessonRuns(tmp_path / "runs", workers=2)
+    runs.prefetch([str(tmp_path / "missing.ipynb")])
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)exit status 1: no result.*missing.ipynb' matches no lesson"):
+        runs.notebook(str(tmp_path / "missing.ipynb"))
 
 
 def _notebook(path, checked_output: str, unchecked_output: str):

@@ -52,6 +52,7 @@ record("99/tqdm_disable", os.environ.get("TQDM_DISABLE"))
 record("99/hash_of_a_string", hash("post-training"))
 import torch
 record("99/cpu_capability", torch.backends.cpu.get_cpu_capability())
+record("99/torch_threads", torch.get_num_threads())
 from utils import headline
 headline("99", [{{"name": "accuracy", "values": {{"run": "accuracy"}}, "n": 200}}], tiny_target_s=600)
 import matplotlib.pyplot as plt
@@ -133,6 +134,9 @@ def test_records_parameters_and_environment(full_run):
     assert rec["99/hash_of_a_string"] == int(expected)
     if platform.machine().lower() in ("x86_64", "amd64") and "ATEN_CPU_CAPABILITY" not in os.environ:
         assert rec["99/cpu_capability"] in ("AVX2", "DEFAULT")  # DEFAULT: a CPU without AVX2
+    # ... and a tiny run on two CPU threads, whatever the machine has (the thread count changes a chaotic run)
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert rec["99/torch_threads"] == 2
     assert fine["wall_s"] > 0
     # figures are embedded in the executed notebook
     fine_nb = nbformat.read(out / "02_fine.ipynb", as_version=4)

@@ -58,6 +58,11 @@ KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": "0"}  # set unless
 # last-bit differences. Pinned to AVX2, which every x86-64 CPU of the last decade has, an AVX-512 machine
 # reproduces an AVX2 machine's records exactly, at no measured cost on the tiny preset.
 X86_KERNEL_ENV_DEFAULTS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# The number of CPU threads changes a chaotic run too: from the same seed, lesson 09's reward-hacking run ended
+# with 33 repeated calls on two threads and 3 on one (a reduction split over another number of threads adds in
+# another order). A tiny run is pinned to the two threads of the course's machines, on which the committed
+# lessons were executed.
+TINY_KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "2"}
 RSS_SAMPLE_S = 0.2
 
 log = logging.getLogger("utils.course.run")
@@ -65,15 +70,17 @@ log = logging.getLogger("utils.course.run")
 
 # ----------------------------------------------------------------------------- execution helpers
 @contextlib.contextmanager
-def kernel_env():
+def kernel_env(preset: str | None = None):
     """Set the environment the kernel inherits (progress bars off, inline figures, a fixed hash seed and, on
-    x86-64, CPU kernels pinned to AVX2 so that a seeded run gives the same records on every machine);
-    restore it after."""
+    x86-64, CPU kernels pinned to AVX2, and a ``tiny`` run's CPU threads pinned to two, so that a seeded run gives
+    the same records on every machine); restore it after."""
     saved = dict(os.environ)
     os.environ.update(KERNEL_ENV)
     defaults = dict(KERNEL_ENV_DEFAULTS)
     if platform.machine().lower() in ("x86_64", "amd64"):
         defaults.update(X86_KERNEL_ENV_DEFAULTS)
+    if preset == "tiny":
+        defaults.update(TINY_KERNEL_ENV_DEFAULTS)
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     try:
@@ -232,7 +239,7 @@ def execute_lesson(notebook: Path, out_dir: Path, preset: str, seed: int = 0, re
     start = time.perf_counter()
     measure = peak_rss_of_children(result) if bench else contextlib.nullcontext()
     try:
-        with kernel_env(), stderr_to(out_dir / "run.log"), measure:
+        with kernel_env(preset), stderr_to(out_dir / "run.log"), measure:
             execute_notebook(
                 str(notebook), str(output), parameters=parameters, kernel_name="python3",
                 cwd=str(notebook.parent), progress_bar=False, log_output=True,
