@@ -42,8 +42,8 @@ def test_lessons_side_by_side_one_per_core(cores, workers, expected):
 
 def _fake_lesson(path, seconds: float):
     """A lesson that records how its kernel's CPU threads were set up, then sleeps ``seconds``."""
-    source = ("import os, time, torch\nfrom utils.records import record, show_records\n"
-              "record('x/threads', torch.get_num_threads())\n"
+    source = ("import os, time\nfrom utils.records import record, show_records\n"
+              "record('x/threads', os.environ.get('OMP_NUM_THREADS'))\n"
               "record('x/wait_policy', os.environ.get('OMP_WAIT_POLICY'))\n"
               f"time.sleep({seconds})\nrecord('x/slept', {seconds})\nshow_records()")
     nb = new_notebook(cells=[new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})"), new_code_cell(source)])
@@ -53,7 +53,7 @@ def _fake_lesson(path, seconds: float):
 
 
 def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):
-    """Two lessons of 3 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
+    """Two lessons of 1.5 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
     two sleeps overlapping; each execution's time shown apart and the session's wait counted once."""
     import time
 
@@ -63,7 +63,7 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
     monkeypatch.setattr(budget, "_details", budget.defaultdict(list))
     monkeypatch.setattr(budget, "_extra", budget.defaultdict(float))
     (tmp_path / "nb").mkdir()
-    lessons = [_fake_lesson(tmp_path / "nb" / f"0{i}_fake.ipynb", 3) for i in (1, 2)]
+    lessons = [_fake_lesson(tmp_path / "nb" / f"0{i}_fake.ipynb", 1.5) for i in (1, 2)]
     runs = lesson_runs.LessonRuns(tmp_path / "runs", note=budget.note, workers=2)
     start = time.perf_counter()
     runs.prefetch(lessons)
@@ -71,7 +71,7 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
     took = time.perf_counter() - start
     for result in results:
         assert result["status"] == "ok", result
-        assert read_records(result["notebook"]) == {"x/threads": 2, "x/wait_policy": "PASSIVE", "x/slept": 3}
+        assert read_records(result["notebook"]) == {"x/threads": "2", "x/wait_policy": "PASSIVE", "x/slept": 1.5}
     walls = [s for what, s in budget._details["lesson executions"]]
     assert len(walls) == 2 and took < sum(walls), (took, walls)     # side by side, not one after the other
     assert budget._extra["lesson executions"] == pytest.approx(took, abs=1.0)
@@ -82,6 +82,13 @@ def test_a_lesson_whose_worker_dies_fails_its_tests_with_the_workers_log(tmp_pat
     runs.prefetch([str(tmp_path / "missing.ipynb")])
     with pytest.raises(pytest.fail.Exception, match=r"(?s)exit status 1: no result.*missing.ipynb' matches no lesson"):
         runs.notebook(str(tmp_path / "missing.ipynb"))
+
+
+def test_the_tests_that_read_the_lessons_run_last(pytester):
+    pytester.makepyfile(test_lesson01="def test_a():\n    pass\n", test_zz="def test_b():\n    pass\n")
+    result = pytester.runpytest_inprocess("--co", "-q", "-p", "tests.lesson_runs", "-p", "no:cacheprovider")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert ids == ["test_zz.py::test_b", "test_lesson01.py::test_a"]
 
 
 def _notebook(path, checked_output: str, unchecked_output: str):
@@ -103,7 +110,8 @@ def test_replay_compares_only_checked_cells_with_the_session_run(pytester, monke
     executed = _notebook(pytester.path / "executed.ipynb", executed_checked, "a different number\n")
     monkeypatch.setattr(lesson_runs, "NOTEBOOKS_DIR", notebooks)
     monkeypatch.setattr(lesson_runs.LessonRuns, "notebook", lambda self, lesson: executed)
-    result = pytester.runpytest_inprocess(str(committed), "-p", "tests.lesson_runs", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess(str(committed), "-p", "tests.lesson_runs", "-p", "no:cacheprovider",
+                                          "--lesson-workers", "1")   # nothing executed in the background
     if passes:
         result.assert_outcomes(passed=2)
     else:
