@@ -51,9 +51,11 @@ sandbox-tool:
 run: $(STAMP)
 	$(PY) -m utils run $(LESSONS) --preset $(PRESET)
 
-# Each lesson runs once (tests/lesson_runs.py) for its record tests and the nbval comparison of notebooks/.
+# Each lesson runs once (tests/lesson_runs.py) for its record tests and the nbval comparison of notebooks/, two
+# at a time beside the other tests: every process then waits for work passively (OpenMP's spinning threads
+# would take the cores from each other; torch reads this when it is first imported).
 test: $(STAMP) sandbox-tool
-	$(PY) -m pytest tests notebooks
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest tests notebooks
 
 # The unit tests; `make test` adds the lesson executions and the `slow` tests (classes graded, labs validated,
 # the nbgrader and verl side venvs). tests/budget.py prints where the time went, part by part.
