@@ -136,6 +136,7 @@ class LessonRuns:
     def _execute_side_by_side(self, todo: list[str]) -> None:
         started: dict[str, tuple[float, Path]] = {}
         reason = "the session stopped before it finished"
+        begin = time.perf_counter()
         try:
             while (todo or self._procs) and not self._stop.is_set():
                 while todo and len(self._procs) < self.workers:
@@ -149,15 +150,19 @@ class LessonRuns:
                         del self._procs[lesson]
                         start, result_file = started[lesson]
                         self._finish(lesson, proc.returncode, result_file, time.perf_counter() - start)
+                        if self.note is not None and not todo and not self._procs:
+                            budget.detail("lesson executions", "all, in the background", time.perf_counter() - begin)
+                        self._ready[lesson].set()
                 time.sleep(0.2)
         except BaseException as e:  # noqa: BLE001 -- every test waiting for a lesson gets the reason
             reason = f"its background execution could not go on: {type(e).__name__}: {e}"
             raise
-        finally:
-            for lesson in [*todo, *self._procs]:
-                self.results.setdefault(lesson, {"status": "failed", "notebook": None, "lesson": lesson,
-                                                 "error": {"ename": "not executed", "evalue": reason}})
-                self._ready[lesson].set()
+        finally:   # no test waits for ever: a lesson without a result gets the reason
+            for lesson, ready in self._ready.items():
+                if not ready.is_set() and (lesson in started or lesson in todo):
+                    self.results.setdefault(lesson, {"status": "failed", "notebook": None, "lesson": lesson,
+                                                     "error": {"ename": "not executed", "evalue": reason}})
+                    ready.set()
 
     def _start(self, lesson: str) -> Path:
         """Start the background execution of ``lesson`` (its number, or a notebook's path); its result file."""
@@ -183,7 +188,6 @@ class LessonRuns:
         self.results[lesson] = result
         if self.note is not None:
             budget.detail("lesson executions", f"lesson {lesson} (side by side)", seconds)
-        self._ready[lesson].set()
 
     def stop(self) -> None:
         """Stop the background executions: SIGTERM (each kills its kernel), SIGKILL with their kernels after

@@ -20,7 +20,7 @@ def test_each_test_goes_to_one_part_by_its_markers_and_file():
 def test_the_parts_budgets_add_up_to_the_suites():
     # a fresh clone's `.ci/run` in 25 minutes: its install, then the parts (the venv installs only on a cold cache)
     assert sum(b for part, (b, _) in budget.PARTS.items() if part != "side venv installs") == budget.SUITE_BUDGET_S
-    assert budget.PARTS[budget.UNIT][0] <= budget.FAST_BUDGET_S
+    assert budget.FAST_UNIT_BUDGET_S <= budget.FAST_BUDGET_S
 
 
 def test_work_noted_apart_leaves_the_part_that_started_it():
@@ -42,7 +42,7 @@ def test_work_noted_apart_leaves_the_part_that_started_it():
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_the_session_prints_its_parts_and_fails_over_budget_only_when_strict(pytester, monkeypatch, strict):
-    monkeypatch.setitem(budget.PARTS, budget.UNIT, (0, ()))      # any unit test is over a budget of 0 s
+    monkeypatch.setattr(budget, "FAST_UNIT_BUDGET_S", 0)           # any unit test alone is over a budget of 0 s
     pytester.makepyfile(test_x="def test_one():\n    pass\n")
     result = pytester.runpytest_inprocess("-p", "tests.budget", "-p", "no:cacheprovider",
                                           *(["--budget-strict"] if strict else []))

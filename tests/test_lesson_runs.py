@@ -72,8 +72,10 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
     for result in results:
         assert result["status"] == "ok", result
         assert read_records(result["notebook"]) == {"x/threads": "2", "x/wait_policy": "PASSIVE", "x/slept": 1.5}
-    walls = [s for what, s in budget._details["lesson executions"]]
+    *walls, (what, span) = budget._details["lesson executions"]
+    walls = [s for _, s in walls]
     assert len(walls) == 2 and took < sum(walls), (took, walls)     # side by side, not one after the other
+    assert what == "all, in the background" and max(walls) <= span <= took
     assert budget._extra["lesson executions"] == pytest.approx(took, abs=1.0)
 
 
