@@ -66,15 +66,13 @@ def side_by_side(cores: int, workers: int | None = None) -> int:
 
 def expected_seconds(lesson: str) -> float:
     """How long the committed run of ``lesson`` took (its ``NN/wall_seconds`` record; 0 when it has none)."""
-    from utils.course.lessons import find_lessons
+    from utils.course.lessons import find_lessons, wall_seconds
 
     try:
         (notebook,) = find_lessons([lesson])
-        records = read_records(notebook)
-    except (LookupError, ValueError, OSError):   # no such lesson (its execution says so), an unreadable one
+        return float(wall_seconds(read_records(notebook)) or 0.0)
+    except (LookupError, ValueError, OSError, TypeError):   # no such lesson (its execution says so), unreadable
         return 0.0
-    walls = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds" and isinstance(v, (int, float))]
-    return float(walls[0]) if walls else 0.0
 
 
 class LessonRuns:

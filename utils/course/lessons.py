@@ -111,6 +111,12 @@ def duration(seconds: float) -> str:
     return f"{secs} s" if not minutes else f"{minutes} min" if not secs else f"{minutes} min {secs:02d} s"
 
 
+def wall_seconds(records: dict) -> float | None:
+    """A run's measured ``NN/wall_seconds`` record (None when it has none)."""
+    walls = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds"]
+    return walls[0] if walls else None
+
+
 def tiny_time(records: dict) -> str:
     """The header's time column for ``tiny``, from a run's records: its measured ``NN/wall_seconds``.
 
@@ -118,7 +124,9 @@ def tiny_time(records: dict) -> str:
     loaded its SFT model from an earlier lesson's (its ``NN/sft_reused`` record is True) says so.
     Raises ValueError when the run recorded no wall time.
     """
-    (wall,) = [v for k, v in records.items() if k.split("/", 1)[-1] == "wall_seconds"]
+    wall = wall_seconds(records)
+    if wall is None:
+        raise ValueError("the run recorded no wall_seconds")
     hardware = meta_of(records)["hardware"] or "this machine"
     reused = any(k.split("/", 1)[-1] == "sft_reused" and v is True for k, v in records.items())
     shared = ", its SFT start loaded from an earlier lesson's run (`utils.sft.sft_checkpoint`)" if reused else ""
