@@ -114,6 +114,47 @@ def tool_trace(problem: dict, calculator) -> list[dict]:
     return messages
 
 
+def rollout_template(tokenizer) -> str | None:
+    """The chat template a multi-turn rollout renders with, chosen as ``GRPOTrainer(tools=...)`` chooses it:
+    ``None`` (the tokenizer's own) when it is prefix-preserving, else TRL's training version of it. Qwen3's own
+    template is not prefix-preserving (the last assistant turn gets an empty think block that earlier turns lose),
+    so a rollout on Qwen3 renders with ``qwen3_training.jinja``, as TRL does (taught in lesson 09)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
+
+def tool_turn_ids(tokenizer, results: list[str], tools: list, chat_template: str | None = None,
+                  name: str = "calculator") -> list[int]:
+    """The token ids the environment appends after an assistant turn whose calls returned ``results``.
+
+    What follows the turn's end-of-sequence token (the template's newline), the tool turn and the next
+    assistant header, rendered as TRL 1.16 renders it (``GRPOTrainer._get_tool_suffix_ids``): a conversation
+    that ends with a call, then the same with the results, and the difference after the prefix's last
+    end-of-sequence token (a template may add a system turn to a conversation that has none, so the results
+    are never rendered alone). ``chat_template``: :func:`rollout_template` of the tokenizer (with Qwen3's own
+    template instead, the difference starts inside the tool turn and the turns trained on are malformed).
+    Taught in lesson 09.
+
+    Args:
+        tokenizer: the policy's tokenizer (``eos_token_id`` ends an assistant turn).
+        results: the calls' results, one ``tool`` message each (non-empty).
+        tools: the tools offered (rendered in the system turn).
+        chat_template: the template to render with; None: the tokenizer's own.
+        name: the tool's name in the ``tool`` messages.
+    Returns:
+        list of int token ids.
+    """
+    call = [{"role": "user", "content": "1 + 1"},
+            {"role": "assistant", "content": "", "tool_calls": [tool_call("1 + 1")]}]
+    messages = [{"role": "tool", "name": name, "content": r} for r in results]
+    render = lambda conversation, **kw: tokenizer.apply_chat_template(
+        conversation, tools=tools, chat_template=chat_template, tokenize=True, return_dict=False, **kw)
+    prefix, full = render(call), render(call + messages, add_generation_prompt=True)
+    ends = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    return full[ends[-1] + 1 if ends else len(prefix):]
+
+
 def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[list[int], list[int]]:
     """The completion ids and loss mask TRL builds for a conversation whose assistant turns are given.
 
@@ -133,7 +174,8 @@ def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[lis
 
     tok = trainer.processing_class
     prompt_ids = tok.apply_chat_template(prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
+                                         return_dict=False, chat_template=trainer.chat_template,
+                                         **trainer.chat_template_kwargs)
     later = iter(turns[1:])
     saved = trainer._generate_single_turn, getattr(trainer, "_sync_tool_dicts", None), \
         getattr(trainer, "_async_tool_dicts", None)
