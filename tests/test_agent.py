@@ -125,7 +125,7 @@ def test_trl_replay_runs_trls_loop_on_given_turns(tok, tmp_path):
     assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n91\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
-def _grpo_trainer_with_tools(tokenizer, tmp_path):
+def _grpo_trainer_with_tools(tokenizer, tmp_path, **chat_template_kwargs):
     """A GRPOTrainer(tools=[calculator]) on a one-layer random model with the tokenizer's vocabulary."""
     from datasets import Dataset
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -134,49 +134,49 @@ def _grpo_trainer_with_tools(tokenizer, tmp_path):
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8))
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=16, max_steps=1, report_to="none", save_strategy="no", bf16=False)
+                      max_completion_length=16, max_steps=1, report_to="none", save_strategy="no", bf16=False,
+                      chat_template_kwargs=chat_template_kwargs or None)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1 + 1"}]}] * 2)
     return GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
                        train_dataset=ds, processing_class=tokenizer, tools=[calculator])
 
 
-@pytest.mark.parametrize("model", ["tiny", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-1.7B-Base"])
-def test_rollout_renders_the_tool_turn_and_the_prompt_as_trl_does(model, tmp_path):
-    """Lesson 09's rollout appends agent.tool_turn_ids after a turn with calls and renders its prompts with
-    agent.rollout_template: on every preset's tokenizer (the real Qwen ones, built offline) the same tokens as
-    GRPOTrainer(tools=...) appends and renders."""
+@pytest.mark.parametrize("model, kwargs", [("tiny", {}), ("Qwen/Qwen2.5-0.5B-Instruct", {}),
+                                           ("Qwen/Qwen3-1.7B-Base", {}),
+                                           ("Qwen/Qwen3-1.7B-Base", {"enable_thinking": False})])
+def test_rollout_renders_the_prompt_and_the_tool_turn_as_trl_does(model, kwargs, tmp_path):
+    """Lesson 09's rollout renders its prompts with agent.prompt_ids and appends agent.tool_turn_ids after a turn
+    with calls, both with agent.rollout_template: on every preset's tokenizer (the real Qwen ones, built offline)
+    and with the trainer's chat_template_kwargs, the same tokens as GRPOTrainer(tools=...) renders and appends."""
     from trl.chat_template_utils import add_response_schema
 
     from utils.course.qwen_tokenizers import qwen_tokenizer
 
     tok = agent.tool_tokenizer() if model == "tiny" else add_response_schema(qwen_tokenizer(model))
-    trainer = _grpo_trainer_with_tools(tok, tmp_path)
+    trainer = _grpo_trainer_with_tools(tok, tmp_path, **kwargs)
     template = agent.rollout_template(tok)
-    assert template == trainer.chat_template
+    assert template == trainer.chat_template and (template is None) == (model != "Qwen/Qwen3-1.7B-Base")
     for results in (["91"], ["24", "error: division by zero"]):
-        ours = agent.tool_turn_ids(tok, results, [calculator], template)
+        ours = agent.tool_turn_ids(tok, results, template, chat_template_kwargs=kwargs)
         theirs = trainer._get_tool_suffix_ids([{"role": "tool", "name": "calculator", "content": r} for r in results])
         assert ours == theirs, (tok.decode(ours), tok.decode(theirs))
     assert tok.decode(ours).startswith("\n<|im_start|>user\n<tool_response>\n24\n</tool_response>")
-    assert tok.decode(ours).endswith("<|im_end|>\n<|im_start|>assistant\n")
+    header = "<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if kwargs else "")   # Qwen3 without thinking
+    assert tok.decode(ours).endswith("</tool_response><|im_end|>\n" + header)
     prompt = [{"role": "user", "content": SAM["question"]}]
-    ours = tok.apply_chat_template(prompt, tools=[calculator], add_generation_prompt=True, tokenize=True,
-                                   return_dict=False, chat_template=template)
-    turns = [tok("Sam has 63 + 28 = 91.\n#### 91<|im_end|>", add_special_tokens=False)["input_ids"]]
-    ids, mask = agent.trl_replay(trainer, prompt, turns)     # renders the prompt as TRL does, then one turn
-    assert ids == turns[0] and mask == [1] * len(turns[0])
-    assert ours == tok.apply_chat_template(prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False, chat_template=trainer.chat_template)
+    ours = agent.prompt_ids(tok, prompt, [calculator], template, kwargs)
+    assert ours == list(trainer._tokenize_prompts([prompt])[0][0])
+    assert tok.decode(ours).endswith(SAM["question"] + "<|im_end|>\n" + header)
 
 
-def test_qwen3s_own_template_would_break_the_tool_turn():
-    """Why the rollout needs TRL's training template on Qwen3: rendered with Qwen3's own (not prefix-preserving)
-    template, the conversation that ends with a call keeps an empty think block the longer one drops, the
-    difference no longer starts at the end of the call's turn, and the tool turn loses its opening."""
+def test_qwen3s_own_template_cannot_render_the_tool_turn():
+    """Why the rollout needs TRL's training template on Qwen3: with Qwen3's own (not prefix-preserving) template
+    the conversation that ends with a call keeps an empty think block that the longer one drops, so the tokens
+    after the call's turn are not an extension of it, and agent.tool_turn_ids refuses, as TRL does."""
     from utils.course.qwen_tokenizers import qwen_tokenizer
 
     tok = qwen_tokenizer("Qwen/Qwen3-1.7B-Base")
-    naive = tok.decode(agent.tool_turn_ids(tok, ["91"], [calculator]))
-    fixed = tok.decode(agent.tool_turn_ids(tok, ["91"], [calculator], agent.rollout_template(tok)))
+    with pytest.raises(ValueError, match="not prefix-preserving.*agent.rollout_template"):
+        agent.tool_turn_ids(tok, ["91"])
+    fixed = tok.decode(agent.tool_turn_ids(tok, ["91"], agent.rollout_template(tok)))
     assert fixed == "\n<|im_start|>user\n<tool_response>\n91\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    assert naive != fixed and not naive.startswith("\n<|im_start|>user")

@@ -94,7 +94,8 @@ def test_lab_of_each_lesson(lesson):
     text = json.dumps(lab)
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, "solutions and hidden tests must not reach students"
     assert "NBVAL" not in text, "CI's regression markers are test tooling: a student edition leaves them out"
-    assert lab.metadata[labs.LAB_META_KEY] == {"lesson": lesson.stem[:2], "name": lesson.stem}
+    assert lab.metadata[labs.LAB_META_KEY] == {"lesson": lesson.stem[:2], "name": lesson.stem,
+                                               "repo": labs.course_repo()}
     assert "widgets" not in lab.metadata and "papermill" not in lab.metadata
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in lab.cells if c.cell_type == "code")
     n_answers = n_checks = n_written = 0
@@ -114,6 +115,54 @@ def test_lab_of_each_lesson(lesson):
     assert "Marking guide" not in text, "no marking guide in a student edition"
     assert [c.get("id") for c in lab.cells if c.get("id") != labs.INSTRUCTIONS_ID] == [c.get("id") for c in src.cells], \
         "labs keep the lesson's cell ids (the grader finds cells by them)"
+
+
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_lab_opens_in_colab_and_clones_the_course_it_came_from(lesson, monkeypatch):
+    """Every lab links to itself in Colab, and its setup cell clones the same repository: the course's, or the
+    fork named by COURSE_REPO when the labs are built (nothing else in the lab changes)."""
+    from utils.constants import COURSE_REPO
+
+    monkeypatch.delenv("COURSE_REPO", raising=False)
+    src = nbformat.read(lesson, as_version=4)
+    ours = labs.lab_for(lesson)
+    colab = f"https://colab.research.google.com/github/{COURSE_REPO}/blob/main/labs/{lesson.name})"
+    assert ours.cells[1].id == labs.INSTRUCTIONS_ID and colab in ours.cells[1].source
+    assert (labs.LABS_DIR / lesson.name).exists()
+    setup = [c.source for c in ours.cells if 'os.environ.get("COURSE_REPO_URL", ' in c.source]
+    assert setup == [c.source for c in src.cells if 'os.environ.get("COURSE_REPO_URL", ' in c.source], \
+        "the lessons' setup cells clone the course's repository (utils.constants.COURSE_REPO)"
+    assert f'"https://github.com/{COURSE_REPO}.git"' in setup[0]
+    monkeypatch.setenv("COURSE_REPO", "an-instructor/our-course")
+    fork = labs.build_lab(src, lesson.stem)
+    assert "https://colab.research.google.com/github/an-instructor/our-course/blob/main/labs/" in fork.cells[1].source
+    assert '"https://github.com/an-instructor/our-course.git"' in "".join(c.source for c in fork.cells)
+    assert COURSE_REPO not in json.dumps(fork)
+    differ = [i for i, (a, b) in enumerate(zip(ours.cells, fork.cells)) if a != b]
+    assert len(ours.cells) == len(fork.cells) and len(differ) == 2     # the link and the setup cell
+    assert fork.metadata[labs.LAB_META_KEY]["repo"] == "an-instructor/our-course"
+
+
+def test_a_forks_labs_check_clean_without_its_setting(tmp_path, monkeypatch):
+    """Labs built for a fork (COURSE_REPO set) are up to date for `labs check` whatever COURSE_REPO says later:
+    each is compared with its lesson's lab for the repository it was built for."""
+    lesson = labs.lesson_paths(["02"])[0]
+    monkeypatch.setenv("COURSE_REPO", "an-instructor/our-course")
+    (tmp_path / lesson.name).write_text(labs.lab_text(lesson), encoding="utf-8")
+    monkeypatch.delenv("COURSE_REPO")
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / lesson.name).write_bytes(lesson.read_bytes())
+    problems = labs.stale(notebooks, tmp_path, labs.SOLUTIONS_DIR)
+    assert not [p for p in problems if p.startswith(lesson.name)], problems
+    (tmp_path / lesson.name).write_text(labs.lab_text(lesson).replace("Student edition", "Student"), encoding="utf-8")
+    assert f"{lesson.name}: differs from what its lesson builds" in labs.stale(notebooks, tmp_path, labs.SOLUTIONS_DIR)
+
+
+@pytest.mark.parametrize("repo", ["not a repo", "https://github.com/a/b", "a/b.git", "a/b/c", "../x"])
+def test_a_malformed_course_repo_is_a_clear_error(repo):
+    with pytest.raises(cells.LabError, match="COURSE_REPO must be a GitHub repository as owner/name"):
+        labs.course_repo(repo)
 
 
 STEP = (".backward(", "clip_grad_norm_", "p -= lr * p.grad")   # a training step written out

@@ -102,7 +102,9 @@ def test_built_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
     first = qt.qwen_tokenizer(QWEN3, cache_dir=tmp_path)
     again = qt.qwen_tokenizer("Qwen/Qwen3-4B-Base", cache_dir=tmp_path)   # the same tokenizer: the same folder
     assert builds == [QWEN3] and len(first) == len(again)
-    assert [p.name for p in tmp_path.iterdir()] == ["qwen3-26-v1"]     # no half-built folder left behind
+    (folder,) = tmp_path.iterdir()                                      # no half-built folder left behind
+    assert folder.name.startswith("qwen3-26-v1-transformers") and (folder.stat().st_mode & 0o777) == 0o755
+    assert again.chat_template == qt.chat_template("qwen3")               # TRL's, set on loading
 
 
 def test_unknown_model_is_a_clear_error():

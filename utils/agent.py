@@ -124,35 +124,52 @@ def rollout_template(tokenizer) -> str | None:
     return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
-def tool_turn_ids(tokenizer, results: list[str], tools: list, chat_template: str | None = None,
-                  name: str = "calculator") -> list[int]:
+def prompt_ids(tokenizer, messages: list[dict], tools: list, chat_template: str | None = None,
+               chat_template_kwargs: dict | None = None) -> list[int]:
+    """A rollout's prompt: ``messages`` rendered with the generation prompt, as ``GRPOTrainer`` renders its prompts
+    (``tools=`` offered, or None for none; ``chat_template``: :func:`rollout_template`; ``chat_template_kwargs``:
+    the trainer's ``args.chat_template_kwargs``). Returns a list of int token ids (lesson 09)."""
+    return list(tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=chat_template,
+                                              add_generation_prompt=True, tokenize=True, return_dict=False,
+                                              **(chat_template_kwargs or {})))
+
+
+def tool_turn_ids(tokenizer, results: list[str], chat_template: str | None = None, name: str = "calculator",
+                  chat_template_kwargs: dict | None = None) -> list[int]:
     """The token ids the environment appends after an assistant turn whose calls returned ``results``.
 
     What follows the turn's end-of-sequence token (the template's newline), the tool turn and the next
     assistant header, rendered as TRL 1.16 renders it (``GRPOTrainer._get_tool_suffix_ids``): a conversation
-    that ends with a call, then the same with the results, and the difference after the prefix's last
+    that ends with a call, then the same with the results, and what the second adds after the first's last
     end-of-sequence token (a template may add a system turn to a conversation that has none, so the results
-    are never rendered alone). ``chat_template``: :func:`rollout_template` of the tokenizer (with Qwen3's own
-    template instead, the difference starts inside the tool turn and the turns trained on are malformed).
-    Taught in lesson 09.
+    are never rendered alone). Taught in lesson 09.
 
     Args:
         tokenizer: the policy's tokenizer (``eos_token_id`` ends an assistant turn).
         results: the calls' results, one ``tool`` message each (non-empty).
-        tools: the tools offered (rendered in the system turn).
-        chat_template: the template to render with; None: the tokenizer's own.
+        chat_template: :func:`rollout_template` of the tokenizer (None: its own template).
         name: the tool's name in the ``tool`` messages.
+        chat_template_kwargs: the trainer's ``args.chat_template_kwargs`` (e.g. ``enable_thinking``).
     Returns:
         list of int token ids.
+    Raises:
+        ValueError: the template is not prefix-preserving (the rendering with the results does not start
+            with the one without them), as TRL raises: Qwen3's own template, for one.
     """
-    call = [{"role": "user", "content": "1 + 1"},
-            {"role": "assistant", "content": "", "tool_calls": [tool_call("1 + 1")]}]
+    call = [{"role": "user", "content": "dummy"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]}]
     messages = [{"role": "tool", "name": name, "content": r} for r in results]
-    render = lambda conversation, **kw: tokenizer.apply_chat_template(
-        conversation, tools=tools, chat_template=chat_template, tokenize=True, return_dict=False, **kw)
-    prefix, full = render(call), render(call + messages, add_generation_prompt=True)
+    kw = dict(chat_template=chat_template, tokenize=True, return_dict=False, **(chat_template_kwargs or {}))
+    prefix = tokenizer.apply_chat_template(call, add_generation_prompt=False, **kw)
+    full = tokenizer.apply_chat_template(call + messages, add_generation_prompt=True, **kw)
     ends = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    return full[ends[-1] + 1 if ends else len(prefix):]
+    if ends:
+        prefix = prefix[:ends[-1] + 1]
+    if full[:len(prefix)] != prefix:
+        raise ValueError("this chat template is not prefix-preserving: the conversation with the tool's results "
+                         "does not start with the one without them; render with agent.rollout_template(tokenizer)")
+    return full[len(prefix):]
 
 
 def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[list[int], list[int]]:
@@ -173,9 +190,7 @@ def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[lis
     from trl.chat_template_utils import parse_response
 
     tok = trainer.processing_class
-    prompt_ids = tok.apply_chat_template(prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True,
-                                         return_dict=False, chat_template=trainer.chat_template,
-                                         **trainer.chat_template_kwargs)
+    first_ids = list(trainer._tokenize_prompts([prompt])[0][0])   # TRL's own rendering of the prompt
     later = iter(turns[1:])
     saved = trainer._generate_single_turn, getattr(trainer, "_sync_tool_dicts", None), \
         getattr(trainer, "_async_tool_dicts", None)
@@ -183,8 +198,8 @@ def trl_replay(trainer, prompt: list[dict], turns: list[list[int]]) -> tuple[lis
     trainer._sync_tool_dicts = [{t.__name__: t for t in trainer.tools}]
     trainer._async_tool_dicts = [{}]
     try:
-        first = parse_response(tok, list(turns[0]), prefix=prompt_ids, tools=trainer.tools)
-        out = trainer._tool_call_loop([copy.deepcopy(prompt)], [prompt_ids], [list(turns[0])], [[first]], None,
+        first = parse_response(tok, list(turns[0]), prefix=first_ids, tools=trainer.tools)
+        out = trainer._tool_call_loop([copy.deepcopy(prompt)], [first_ids], [list(turns[0])], [[first]], None,
                                       None, None)
     finally:
         trainer._generate_single_turn, trainer._sync_tool_dicts, trainer._async_tool_dicts = saved

@@ -19,6 +19,8 @@ LABS_DIR = REPO_ROOT / "labs"                        # their student editions (g
 SOLUTIONS_DIR = UTILS_DIR / "solutions"              # reference solutions of the graded exercises (generated)
 RUNS_DIR = REPO_ROOT / "runs"                        # default output of the runner: runs/<preset>/
 LESSON_GLOB = "[0-9][0-9]_*.ipynb"                   # a lesson is notebooks/NN_name.ipynb
+COURSE_REPO = "post-training-course/post-training-labs"   # GitHub owner/name the labs are opened from (Colab) and
+                                                     # cloned from; `COURSE_REPO=you/fork make labs` for a fork
 
 # ----------------------------------------------------------------------------- data
 GSM8K = "openai/gsm8k"   # the Hub id of GSM8K (config "main": 7,473 train / 1,319 test); verl names it the same

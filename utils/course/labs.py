@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
 
-from ..constants import LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR
+from ..constants import COURSE_REPO, LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR
 from . import grading, solutions
 from .cells import (
     TEXT_STUB,
@@ -66,6 +68,23 @@ INSTRUCTIONS = """\
 """
 
 
+COLAB_BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+               "(https://colab.research.google.com/github/{repo}/blob/main/labs/{name}.ipynb)")
+CLONE_DEFAULT = re.compile(r'(os\.environ\.get\("COURSE_REPO_URL", )"https://github\.com/[^"]+\.git"\)')
+_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
+
+
+def course_repo(repo: str | None = None) -> str:
+    """The GitHub repository the labs are opened from and cloned from: ``repo``, else ``$COURSE_REPO``, else
+    :data:`utils.constants.COURSE_REPO`. An instructor who publishes a fork builds its labs with
+    ``COURSE_REPO=owner/name make labs``: the Colab link of every lab and the address its setup cell clones
+    then name the fork, and no code is edited."""
+    repo = repo or os.environ.get("COURSE_REPO") or COURSE_REPO
+    if not _REPO_RE.fullmatch(repo) or repo.endswith((".git", ".")):
+        raise LabError(f"COURSE_REPO must be a GitHub repository as owner/name (e.g. {COURSE_REPO}), got {repo!r}")
+    return repo
+
+
 # ----------------------------------------------------------------------------- building labs
 def _clean_cell(cell) -> None:
     """Outputs, execution counts, run metadata (papermill, execution timings) and CI's markers removed."""
@@ -77,17 +96,19 @@ def _clean_cell(cell) -> None:
         cell.metadata.pop(key, None)
 
 
-def build_lab(lesson, name: str):
+def build_lab(lesson, name: str, repo: str | None = None):
     """The student edition of a lesson notebook (a new NotebookNode; the lesson is not changed).
 
     ``name`` is the lesson's file stem (e.g. "01_sft_from_scratch"), stored in the lab's metadata
-    so that the grader can tell which lab a renamed submission is.
+    so that the grader can tell which lab a renamed submission is. ``repo`` (:func:`course_repo`): the
+    repository its "Open in Colab" link opens it from and its setup cell clones on Colab.
     """
+    repo = course_repo(repo)
     check_contract(lesson, name)
     lab = copy.deepcopy(lesson)
     lab.metadata = nbformat.from_dict({k: v for k, v in lesson.metadata.items()
                                        if k in ("kernelspec", "language_info")})
-    lab.metadata[LAB_META_KEY] = {"lesson": lesson_number(name), "name": name}
+    lab.metadata[LAB_META_KEY] = {"lesson": lesson_number(name), "name": name, "repo": repo}
     for i, cell in enumerate(lab.cells):
         _clean_cell(cell)
         where = f"{name}, cell {i + 1}"
@@ -103,7 +124,9 @@ def build_lab(lesson, name: str):
             cell.metadata["editable"] = False
         if is_answer(cell) or is_written(cell) or is_check(cell):
             cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
-    instructions = nbformat.v4.new_markdown_cell(INSTRUCTIONS)
+        elif cell.cell_type == "code" and CLONE_DEFAULT.search(cell.source):   # the setup cell
+            cell.source = CLONE_DEFAULT.sub(lambda m: f'{m.group(1)}"https://github.com/{repo}.git")', cell.source)
+    instructions = nbformat.v4.new_markdown_cell(COLAB_BADGE.format(repo=repo, name=name) + "\n\n" + INSTRUCTIONS)
     instructions.id = INSTRUCTIONS_ID
     lab.cells.insert(1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0, instructions)
     nbformat.validate(lab)
@@ -115,9 +138,9 @@ def lesson_paths(selectors=(), notebooks_dir=NOTEBOOKS_DIR) -> list[Path]:
     return find_lessons(selectors, notebooks_dir)
 
 
-def lab_text(lesson_path: Path) -> str:
-    """The lab of ``lesson_path`` as the exact text ``build`` writes."""
-    lab = build_lab(nbformat.read(lesson_path, as_version=4), Path(lesson_path).stem)
+def lab_text(lesson_path: Path, repo: str | None = None) -> str:
+    """The lab of ``lesson_path`` as the exact text ``build`` writes (``repo``: :func:`course_repo`)."""
+    lab = build_lab(nbformat.read(lesson_path, as_version=4), Path(lesson_path).stem, repo)
     return nbformat.writes(lab) + "\n"
 
 
@@ -145,8 +168,17 @@ def build(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTION
     return written + modules
 
 
+def _built_for(lab_path: Path) -> str | None:
+    """The repository a committed lab was built for (its metadata), so that a fork's labs check clean."""
+    try:
+        return nbformat.read(lab_path, as_version=4).metadata.get(LAB_META_KEY, {}).get("repo")
+    except Exception:   # unreadable: it will differ from what its lesson builds
+        return None
+
+
 def stale(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTIONS_DIR) -> list[str]:
-    """Why ``labs/`` or ``utils/solutions/`` is out of date with the lessons (empty when both are up to date)."""
+    """Why ``labs/`` or ``utils/solutions/`` is out of date with the lessons (empty when both are up to date).
+    Each lab is compared with its lesson's lab for the repository it was built for (its metadata)."""
     labs_dir = Path(labs_dir)
     problems = []
     lessons = lesson_paths(notebooks_dir=notebooks_dir)
@@ -154,7 +186,7 @@ def stale(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTION
         target = labs_dir / lesson.name
         if not target.is_file():
             problems.append(f"{target.name}: missing")
-        elif target.read_text(encoding="utf-8") != lab_text(lesson):
+        elif target.read_text(encoding="utf-8") != lab_text(lesson, _built_for(target)):
             problems.append(f"{target.name}: differs from what its lesson builds")
     names = {p.name for p in lessons}
     problems += [f"{p.name}: no lesson of that name" for p in sorted(labs_dir.glob(LESSON_GLOB)) if p.name not in names]

@@ -86,26 +86,37 @@ def build(model_id: str):
     for content, special in ADDED_TOKENS[:spec["added"]]:   # one at a time: each takes the next id
         backend.add_tokens([AddedToken(content, special=special, normalized=False)])
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=spec["eos"], pad_token=spec["pad"],
-                                  clean_up_tokenization_spaces=False, model_max_length=32768)
+                                  clean_up_tokenization_spaces=False)
     tok.add_special_tokens({"additional_special_tokens": [c for c, s in ADDED_TOKENS[1:spec["added"]] if s]})
     tok.chat_template = chat_template(spec["template"])
     return tok
 
 
 def qwen_tokenizer(model_id: str, cache_dir: str | Path | None = None):
-    """``model_id``'s tokenizer, built on first use (:func:`build`) and loaded from the cache after."""
+    """``model_id``'s tokenizer, built on first use (:func:`build`) and loaded from the cache after.
+
+    The cache folder is named by the tokenizer (Qwen3-1.7B-Base and Qwen3-4B-Base share one), this module's
+    build version and the transformers version that wrote it; the chat template is TRL's current copy, set
+    on every load. A build goes to a temporary folder first, so a reader never sees half a tokenizer."""
+    import transformers
     from transformers import AutoTokenizer
 
-    spec = _spec(model_id)   # Qwen3-1.7B-Base and Qwen3-4B-Base share one tokenizer, and so one folder
-    folder = Path(cache_dir or CACHE_DIR) / f"{spec['template']}-{spec['added']}-v{BUILD_VERSION}"
+    spec = _spec(model_id)
+    root = Path(cache_dir or CACHE_DIR)
+    folder = root / f"{spec['template']}-{spec['added']}-v{BUILD_VERSION}-transformers{transformers.__version__}"
     if not (folder / "tokenizer.json").exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
         try:
             build(model_id).save_pretrained(tmp)
-            if not (folder / "tokenizer.json").exists():   # another process may have finished first
-                shutil.rmtree(folder, ignore_errors=True)
+            tmp.chmod(0o755)                                  # mkdtemp's 0700 would hide a shared cache
+            try:
                 tmp.rename(folder)
+            except OSError:                                   # another process finished first: keep its copy
+                if not (folder / "tokenizer.json").exists():
+                    raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = chat_template(spec["template"])
+    return tok
