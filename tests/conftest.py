@@ -46,3 +46,18 @@ def side_python():
         venv = side_venv.venv_dir(name, f"{name.upper()}_VENV")
         return side_venv.ensure(venv, requirements, timeout, name)
     return ensure
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """``qwen_tokenizer("Qwen/Qwen3-1.7B-Base")``: a GPU preset's real tokenizer (utils.course.qwen_tokenizers),
+    loaded once per session and shared by the tests that read it (none of them changes it)."""
+    from utils.course import qwen_tokenizers
+
+    loaded = {}
+
+    def load(model_id: str):
+        if model_id not in loaded:
+            loaded[model_id] = qwen_tokenizers.qwen_tokenizer(model_id)
+        return loaded[model_id]
+    return load

@@ -144,13 +144,11 @@ def _grpo_trainer_with_tools(tokenizer, tmp_path, **chat_template_kwargs):
 @pytest.mark.parametrize("model, kwargs", [("tiny", {}), ("Qwen/Qwen2.5-0.5B-Instruct", {}),
                                            ("Qwen/Qwen3-1.7B-Base", {}),
                                            ("Qwen/Qwen3-1.7B-Base", {"enable_thinking": False})])
-def test_rollout_renders_the_prompt_and_the_tool_turn_as_trl_does(model, kwargs, tmp_path):
+def test_rollout_renders_the_prompt_and_the_tool_turn_as_trl_does(model, kwargs, tmp_path, qwen_tokenizer):
     """Lesson 09's rollout renders its prompts with agent.prompt_ids and appends agent.tool_turn_ids after a turn
     with calls, both with agent.rollout_template: on every preset's tokenizer (the real Qwen ones, built offline)
     and with the trainer's chat_template_kwargs, the same tokens as GRPOTrainer(tools=...) renders and appends."""
     from trl.chat_template_utils import add_response_schema
-
-    from utils.course.qwen_tokenizers import qwen_tokenizer
 
     tok = agent.tool_tokenizer() if model == "tiny" else add_response_schema(qwen_tokenizer(model))
     trainer = _grpo_trainer_with_tools(tok, tmp_path, **kwargs)
@@ -169,12 +167,10 @@ def test_rollout_renders_the_prompt_and_the_tool_turn_as_trl_does(model, kwargs,
     assert tok.decode(ours).endswith(SAM["question"] + "<|im_end|>\n" + header)
 
 
-def test_qwen3s_own_template_cannot_render_the_tool_turn():
+def test_qwen3s_own_template_cannot_render_the_tool_turn(qwen_tokenizer):
     """Why the rollout needs TRL's training template on Qwen3: with Qwen3's own (not prefix-preserving) template
     the conversation that ends with a call keeps an empty think block that the longer one drops, so the tokens
     after the call's turn are not an extension of it, and agent.tool_turn_ids refuses, as TRL does."""
-    from utils.course.qwen_tokenizers import qwen_tokenizer
-
     tok = qwen_tokenizer("Qwen/Qwen3-1.7B-Base")
     with pytest.raises(ValueError, match="not prefix-preserving.*agent.rollout_template"):
         agent.tool_turn_ids(tok, ["91"])

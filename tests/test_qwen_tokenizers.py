@@ -34,8 +34,8 @@ def model_id(request):
 
 
 @pytest.fixture(scope="module")
-def tok(model_id):
-    return qt.qwen_tokenizer(model_id)
+def tok(model_id, qwen_tokenizer):
+    return qwen_tokenizer(model_id)
 
 
 def test_every_gpu_preset_model_has_a_tokenizer():

@@ -168,10 +168,10 @@ def build(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTION
     return written + modules
 
 
-def _built_for(lab_path: Path) -> str | None:
+def _built_for(lab_text_: str) -> str | None:
     """The repository a committed lab was built for (its metadata), so that a fork's labs check clean."""
     try:
-        return nbformat.read(lab_path, as_version=4).metadata.get(LAB_META_KEY, {}).get("repo")
+        return nbformat.reads(lab_text_, as_version=4).metadata.get(LAB_META_KEY, {}).get("repo")
     except Exception:   # unreadable: it will differ from what its lesson builds
         return None
 
@@ -186,7 +186,7 @@ def stale(notebooks_dir=NOTEBOOKS_DIR, labs_dir=LABS_DIR, solutions_dir=SOLUTION
         target = labs_dir / lesson.name
         if not target.is_file():
             problems.append(f"{target.name}: missing")
-        elif target.read_text(encoding="utf-8") != lab_text(lesson, _built_for(target)):
+        elif (text := target.read_text(encoding="utf-8")) != lab_text(lesson, _built_for(text)):
             problems.append(f"{target.name}: differs from what its lesson builds")
     names = {p.name for p in lessons}
     problems += [f"{p.name}: no lesson of that name" for p in sorted(labs_dir.glob(LESSON_GLOB)) if p.name not in names]

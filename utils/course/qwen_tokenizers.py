@@ -10,7 +10,7 @@ can be downloaded, so this module builds the same tokenizers from published part
 - the added tokens at their published ids (:data:`ADDED_TOKENS`, from the models' ``tokenizer_config.json``):
   Qwen2.5 has the first 22 (151643-151664), Qwen3 four more (``<tool_response>``, ``</tool_response>``,
   ``<think>``, ``</think>``: 151665-151668);
-- each model's chat template as TRL ships it (``trl/chat_templates/qwen2_5.jinja``, ``qwen3.jinja``), and
+- each model's chat template as TRL ships it (``trl.chat_template_utils.qwen2_5_chat_template``, ``qwen3_...``), and
   its ``eos_token`` / ``pad_token``. Qwen3's *Base* models name ``<|im_end|>`` as the tokenizer's
   ``eos_token`` although their ``config.json`` says 151643 (QwenLM/Qwen3 issue #1422); the tokenizer is what
   templates and TRL read, so it is what is built here.
@@ -58,10 +58,11 @@ MODELS = {
 
 
 def chat_template(name: str) -> str:
-    """TRL's copy of a Qwen chat template (``trl/chat_templates/<name>.jinja``)."""
-    import trl
+    """TRL's copy of a Qwen chat template: ``trl.chat_template_utils.<name>_chat_template`` (the text of
+    ``trl/chat_templates/<name>.jinja``, the one TRL recognises to pick its training version)."""
+    from trl import chat_template_utils
 
-    return (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+    return getattr(chat_template_utils, f"{name}_chat_template")
 
 
 def _spec(model_id: str) -> dict:
