@@ -11,7 +11,7 @@ export TQDM_DISABLE ?= 1
 export MPLBACKEND ?= Agg
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup sandbox-tool run test test-fast lint notebooks labs handout bench bench-grade tiny-model clean help
+.PHONY: setup sandbox-tool run test test-fast lint notebooks labs handout bench bench-grade tiny-model rehearse clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "make test       unit tests + every lesson executed once (papermill), its records and nbval regression"
 	@echo "make test-fast  the unit tests: no lesson execution, no grading of a class, no side venv (under 3 minutes)"
 	@echo "make lint       ruff over utils/, tests/ and the lessons"
+	@echo "make rehearse   execute the lessons on the GPU presets' code paths, on the CPU (REHEARSE='t4-16g 24g 80g')"
 	@echo "make setup      create $(VENV) and install the pinned requirements (and bubblewrap, the grader's sandbox)"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
 	@echo "make labs       rebuild the student editions in labs/ and the answers in utils/solutions/ from notebooks/"
@@ -64,6 +65,12 @@ test-fast: $(STAMP) sandbox-tool
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+# Each lesson on each GPU preset's code path (its real tokenizer and chat template, GSM8K's schema, a step or two)
+# with a CPU-sized stand-in model: utils/course/rehearsal.py. `make test` rehearses t4-16g and 24g.
+REHEARSE ?= t4-16g 24g 80g
+rehearse: $(STAMP)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m utils rehearse --preset $(REHEARSE) $(if $(LESSONS),--lessons $(LESSONS),)
 
 notebooks: $(STAMP)
 	$(PY) -m utils run $(LESSONS) --preset tiny --inplace

@@ -20,7 +20,9 @@ model, ``utils.sft.sft_checkpoint``). Each kernel keeps the two CPU threads of e
 passively (``OMP_WAIT_POLICY=PASSIVE``: OpenMP's spinning threads otherwise take the cores from each other).
 Two at a time pays on 2 cores because the tiny model's small operations keep a second thread half idle:
 lessons 09, 06 and 08 took 273 s two at a time against 316 s one after the other, measured back to back.
-Ctrl-C (or the session's end) stops the background executions and their kernels.
+Ctrl-C (or the session's end) stops the background executions and their kernels. The GPU presets' rehearsals
+(``tests/test_rehearsal.py``, ``utils.course.rehearsal``) are jobs of the same pool (``"04@24g"``), after the
+lessons.
 """
 from __future__ import annotations
 
@@ -93,11 +95,8 @@ class LessonRuns:
         self._starting = threading.Lock()               # no execution starts while stop() runs
 
     def run(self, lesson: str) -> dict:
-        """The runner's result dict of lesson ``lesson`` ("04"), executing it when not done yet (or waiting for
-        its background execution)."""
-        from utils.course.lessons import find_lessons
-        from utils.course.run import execute_lesson
-
+        """The runner's result dict of lesson ``lesson`` ("04", or a rehearsal "04@24g": :func:`execute_job`),
+        executing it when not done yet (or waiting for its background execution)."""
         with self._locks[lesson]:
             if lesson in self._ready and lesson not in self.results:
                 start = time.perf_counter()
@@ -110,10 +109,9 @@ class LessonRuns:
                 if self.note is not None:   # the session's time spent on the lessons: what it waited for them
                     self.note("lesson executions", time.perf_counter() - start, None)
             if lesson not in self.results:
-                (notebook,) = find_lessons([lesson])
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 start = time.perf_counter()
-                self.results[lesson] = execute_lesson(notebook, self.out_dir, "tiny")
+                self.results[lesson] = execute_job(lesson, self.out_dir)
                 if self.note is not None:
                     self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
             return self.results[lesson]
@@ -185,7 +183,8 @@ class LessonRuns:
                       "error": {"ename": f"exit status {returncode}", "evalue": f"no result; its log ends:\n{tail}"}}
         self.results[lesson] = result
         if self.note is not None:
-            budget.detail("lesson executions", f"lesson {lesson} (side by side)", seconds)
+            what = f"rehearsal {lesson}" if "@" in lesson else f"lesson {lesson}"
+            budget.detail("lesson executions", f"{what} (side by side)", seconds)
 
     def stop(self) -> None:
         """Stop the background executions: SIGTERM (each kills its kernel), SIGKILL with their kernels after
@@ -289,9 +288,12 @@ def pytest_collect_file(file_path, parent):
 
 def lesson_of(item) -> str | None:
     """The lesson ("04") whose execution a test item reads: nbval's cells of notebooks/NN_*.ipynb and the record
-    tests of tests/test_lessonNN.py; None for any other test."""
+    tests of tests/test_lessonNN.py; the rehearsal ("04@24g") a test of tests/test_rehearsal.py reads; None for any
+    other test."""
     if isinstance(item, ReplayedCell):
         return lesson_number(item.path)
+    if item.path.name == "test_rehearsal.py":   # the rehearsals: one job "04@24g" per test
+        return getattr(item, "callspec", None) and item.callspec.params.get("job")
     match = re.fullmatch(r"test_lesson(\d\d)\.py", item.path.name)
     return match.group(1) if match else None
 
@@ -358,18 +360,32 @@ class ReplayedCell(IPyNbCell):
 
 
 # ----------------------------------------------------------------------------- a background execution
-def main(argv: list[str]) -> int:
-    """``python -m tests.lesson_runs LESSON FOLDER RESULT_JSON``: execute one lesson on tiny into FOLDER and write
-    the runner's result dict to RESULT_JSON (what :meth:`LessonRuns.prefetch` starts). 130 when interrupted."""
-    from utils.course.kernel import sigterm_as_interrupt
+def execute_job(job: str, folder: Path) -> dict:
+    """Execute ``job`` and return the runner's result dict: ``"04"`` is lesson 04 on tiny, into ``folder``;
+    ``"04@24g"`` is its rehearsal on GPU preset 24g's code path (``utils.course.rehearsal``), into
+    ``folder/rehearsal-24g``."""
+    from utils.course import rehearsal
     from utils.course.lessons import find_lessons
     from utils.course.run import execute_lesson
 
-    lesson, folder, result_file = argv
+    lesson, _, preset = job.partition("@")
     (notebook,) = find_lessons([lesson])
+    if not preset:
+        return execute_lesson(notebook, Path(folder), "tiny")
+    (result,) = rehearsal.rehearse(preset, [notebook], Path(folder) / f"rehearsal-{preset}")
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.lesson_runs JOB FOLDER RESULT_JSON``: execute one job (:func:`execute_job`) into FOLDER
+    and write the runner's result dict to RESULT_JSON (what :meth:`LessonRuns.prefetch` starts). 130 when
+    interrupted."""
+    from utils.course.kernel import sigterm_as_interrupt
+
+    job, folder, result_file = argv
     try:
         with sigterm_as_interrupt():
-            result = execute_lesson(notebook, Path(folder), "tiny")
+            result = execute_job(job, Path(folder))
     except KeyboardInterrupt:
         return 130
     partial = Path(result_file).with_suffix(".partial")

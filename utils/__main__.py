@@ -4,6 +4,7 @@
     python -m utils labs build|check|validate            the student editions (labs/) and reference solutions
     python -m utils grade SUBMISSIONS --lab NN           grade a class's executed labs
     python -m utils handout --out DIR [--withhold NN]    a student repository without the withheld answers
+    python -m utils rehearse --preset t4-16g ...         execute the lessons on a GPU preset's code path, on a CPU
     python -m utils twins measure --preset 24g ...       measure GPU presets with architecture twins
     python -m utils tiny build|eval                      build (or re-measure) the embedded tiny model
 
@@ -12,7 +13,8 @@
 import importlib
 import sys
 
-COMMANDS = {"run": "run", "labs": "labs", "grade": "grade", "handout": "handout", "twins": "twins", "tiny": "tiny"}
+COMMANDS = {"run": "run", "labs": "labs", "grade": "grade", "handout": "handout", "rehearse": "rehearsal",
+            "twins": "twins", "tiny": "tiny"}
 
 
 def main(argv=None) -> int:

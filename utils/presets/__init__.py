@@ -31,6 +31,7 @@ from ..constants import REPO_ROOT, TINY_MODEL_DIR, TINY_MODEL_LABEL
 from . import measured
 from .tiers import ORDER, TIERS
 
+REHEARSAL_ENV = "COURSE_REHEARSAL"   # a rehearsal's spec (utils/course/rehearsal.py): a GPU preset's path on a CPU
 COMMON_KEYS = ("seed",)   # overrides resolve() accepts for every lesson, besides the lesson's own knobs
 # Shown by LessonConfig.table() after preset/model/device/dtype, when the lesson has them.
 TABLE_KEYS = ("dataset", "n_train", "n_test", "max_length", "batch_size", "max_steps", "lora_r")
@@ -235,6 +236,23 @@ def _preset_dtype(spec: dict, dev: str) -> torch.dtype:
 
 
 # ----------------------------------------------------------------------------- resolve
+def _rehearsal(name: str, lesson: str) -> dict | None:
+    """The values a rehearsal of GPU preset ``name`` replaces (model, dataset, sizes), when ``$COURSE_REHEARSAL``
+    names a spec for that preset (``python -m utils rehearse`` writes it); else None."""
+    path = os.environ.get(REHEARSAL_ENV)
+    if not path or not PRESETS[name]["needs_gpu"]:
+        return None
+    import json
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"${REHEARSAL_ENV}={path!r} is not a readable rehearsal spec ({e}); unset it to run "
+                           "the lessons for real.") from None
+    if spec.get("preset") != name:
+        return None
+    return {"model": spec["model"], "dataset": spec["dataset"], **spec["lessons"].get(lesson, {})}
+
+
 def _lesson_id(lesson) -> str:
     """``1`` or ``"1"`` or ``"01"`` -> ``"01"``."""
     text = str(lesson).strip()
@@ -296,6 +314,13 @@ def resolve(preset: str = "auto", lesson: str = "01", **overrides) -> LessonConf
     params.update(overrides)
 
     dev = runtime.device()
+    rehearsal = _rehearsal(name, lesson)
+    if rehearsal is not None:   # the preset's code path on a CPU: a stand-in model and data, a step or two
+        params.update(rehearsal)
+        dev = "cpu"
+        label = f"{spec['lessons'][lesson]['model']} (CPU rehearsal stand-in)"
+        return LessonConfig(preset=name, lesson=lesson, device=dev, dtype=_preset_dtype(spec, dev),
+                            model_label=label, params=params, seed=seed)
     if spec["needs_gpu"]:
         _check_gpu(name, spec)
         warning = measured.memory_warning(name, lesson, measurement(name, lesson), runtime.gpu_info())

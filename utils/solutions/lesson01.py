@@ -20,8 +20,9 @@ def build_sft_example(tokenizer, messages, max_length):
     Returns:
         {"input_ids": list[int], "labels": list[int]}, equal lengths L <= max_length. input_ids is the
         rendered conversation up to and including the <|im_end|> closing the assistant turn; labels
-        are IGNORE_INDEX on the prompt (everything before the assistant's content) and equal to
-        input_ids on the answer and its <|im_end|>.
+        are IGNORE_INDEX on the prompt (the conversation before the answer, as the template renders it
+        with add_generation_prompt=True) and equal to input_ids on everything after it: the answer and
+        its <|im_end|> (Qwen3's template also writes an empty <think></think> block before the answer).
     """
     prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
                                            return_dict=False)
