@@ -93,6 +93,26 @@ def build(model_id: str):
     return tok
 
 
+def build_once(folder: Path, build, marker: str) -> Path:
+    """``folder``, made by ``build(tmp)`` in a temporary folder beside it and renamed into place, unless it holds
+    ``marker`` already: a reader never sees half a build, and of two processes building at once one copy stays."""
+    if (folder / marker).exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
+    try:
+        build(tmp)
+        tmp.chmod(0o755)                                  # mkdtemp's 0700 would hide a shared cache
+        try:
+            tmp.rename(folder)
+        except OSError:                                   # another process finished first: keep its copy
+            if not (folder / marker).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
 def qwen_tokenizer(model_id: str, cache_dir: str | Path | None = None):
     """``model_id``'s tokenizer, built on first use (:func:`build`) and loaded from the cache after.
 
@@ -103,21 +123,9 @@ def qwen_tokenizer(model_id: str, cache_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
     spec = _spec(model_id)
-    root = Path(cache_dir or CACHE_DIR)
-    folder = root / f"{spec['template']}-{spec['added']}-v{BUILD_VERSION}-transformers{transformers.__version__}"
-    if not (folder / "tokenizer.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
-        try:
-            build(model_id).save_pretrained(tmp)
-            tmp.chmod(0o755)                                  # mkdtemp's 0700 would hide a shared cache
-            try:
-                tmp.rename(folder)
-            except OSError:                                   # another process finished first: keep its copy
-                if not (folder / "tokenizer.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    name = f"{spec['template']}-{spec['added']}-v{BUILD_VERSION}-transformers{transformers.__version__}"
+    folder = Path(cache_dir or CACHE_DIR) / name
+    build_once(folder, lambda tmp: build(model_id).save_pretrained(tmp), "tokenizer.json")
     tok = AutoTokenizer.from_pretrained(folder)
     tok.chat_template = chat_template(spec["template"])
     return tok

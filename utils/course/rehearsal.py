@@ -32,8 +32,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -98,25 +96,12 @@ def gpu_only(preset: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- the stand-ins
 def _cached(name: str, build, cache_dir: Path | None) -> Path:
-    """``cache_dir/name``, built by ``build(tmp_folder)`` on first use; a reader never sees half a build."""
-    root = Path(cache_dir or CACHE_DIR)
-    folder = root / name
-    if (folder / "done").exists():
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
-    try:
+    """``cache_dir/name``, built by ``build(tmp_folder)`` on first use (``qwen_tokenizers.build_once``)."""
+    def build_and_mark(tmp: Path):
         build(tmp)
         (tmp / "done").write_text("built\n")
-        tmp.chmod(0o755)
-        try:
-            tmp.rename(folder)
-        except OSError:                                   # another process finished first: keep its copy
-            if not (folder / "done").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+
+    return qwen_tokenizers.build_once(Path(cache_dir or CACHE_DIR) / name, build_and_mark, "done")
 
 
 def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch: int = 16) -> float:
