@@ -119,11 +119,12 @@ class LessonRuns:
     # ------------------------------------------------------------------ background executions, side by side
     def prefetch(self, lessons) -> None:
         """Start executing ``lessons`` (those not done or started yet) in the background, ``workers`` at a time,
-        longest first; :meth:`run` then waits for each. Nothing happens with one worker."""
+        longest first, then the rehearsals ("04@24g"), longest lesson first (a long job started last would
+        leave the other worker idle); :meth:`run` then waits for each. Nothing happens with one worker."""
         if self.workers <= 1 or self._stop.is_set():
             return
         todo = sorted((l for l in dict.fromkeys(lessons) if l not in self._ready and l not in self.results),
-                      key=expected_seconds, reverse=True)
+                      key=lambda job: ("@" not in job, expected_seconds(job.split("@")[0])), reverse=True)
         for lesson in todo:
             self._ready[lesson] = threading.Event()
         if todo:

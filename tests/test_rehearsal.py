@@ -102,13 +102,17 @@ def test_the_report_says_what_a_cpu_replaces():
 # Lessons whose rehearsal does not run end to end yet, and where it stops (`python -m utils rehearse` shows it):
 # the cut leaves a statistic without data, which a full-size run has, or the stand-in lacks a skill.
 NOT_YET = {
-    "07": "section 10 needs two prompts' accuracies in each of six windows of the over-optimisation run",
     "09": "the stand-in never makes two tool calls, which section 5's replay of a rollout against TRL needs",
 }
 # 80g takes 24g's code path (same tokenizer, template, dtype and choices, test below) but for gradient
 # checkpointing off in lessons 01-03 and 07 and lesson 05's three seeds: `python -m utils rehearse --preset 80g`.
 REHEARSED = ("t4-16g", "24g")
-JOBS = [f"{lesson}@{preset}" for preset in REHEARSED for lesson in sorted(presets.LESSONS) if lesson not in NOT_YET]
+# Left to `make rehearse` for the suite's time (tests/budget.py): lesson 07 is the costliest rehearsal (about 205 s
+# on t4-16g, 215 s on 24g, two side by side on 2 cores); make test keeps its 24g one, bf16 with Qwen3's template,
+# the path farther from tiny's.
+MAKE_REHEARSE_ONLY = {"07@t4-16g"}
+JOBS = [job for preset in REHEARSED for lesson in sorted(presets.LESSONS) if lesson not in NOT_YET
+        if (job := f"{lesson}@{preset}") not in MAKE_REHEARSE_ONLY]
 
 
 def test_80g_differs_from_24g_in_numbers_checkpointing_and_seeds_only():

@@ -18,7 +18,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from utils.constants import REPO_ROOT
 from utils.course.lessons import clean_for_commit, find_lessons, header_time, tiny_time
-from utils.course.run import INLINE_BACKEND, main
+from utils.course.run import INLINE_BACKEND, X86_KERNEL_ENV_DEFAULTS, kernel_env, main
 from utils.records import read_records
 
 REPO_ROOT = str(REPO_ROOT)
@@ -144,6 +144,18 @@ def test_records_parameters_and_environment(full_run):
     # ... and the lesson without RESUME ran without it (papermill would have injected it otherwise)
     boom_nb = nbformat.read(out / "01_boom.ipynb", as_version=4)
     assert "RESUME" not in "".join(c.source for c in boom_nb.cells)
+
+
+def test_only_cpu_runs_pin_the_cpu_code_paths(monkeypatch):
+    # a tiny run is pinned to AVX2 (its records are compared across machines); a GPU preset, and so its CPU
+    # rehearsal, is not: oneDNN's bf16 matrix products need AVX-512, pinned they fall back to a slow loop
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    for key in X86_KERNEL_ENV_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    for preset, pinned in (("tiny", True), ("auto", True), (None, True), ("t4-16g", False), ("24g", False)):
+        with kernel_env(preset):
+            assert all((os.environ.get(k) == v) == pinned for k, v in X86_KERNEL_ENV_DEFAULTS.items()), preset
+    assert not any(k in os.environ for k in X86_KERNEL_ENV_DEFAULTS)   # restored after
 
 
 def test_summary_table_json_png_and_log(full_run):

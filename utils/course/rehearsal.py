@@ -62,10 +62,10 @@ SHRINK = {
     "04": dict(n_train=16, num_generations=2, prompts_per_step=2, batch_size=4, max_completion_length=64,
                hack_steps=1, hand_steps=8, hand_prompts=1, sampled_eval_prompts=4, sweep_prompts=4,
                sweep_generations=[2, 4], sweep_temperatures=[0.7, 1.0]),
-    "05": dict(n_train=64, num_generations=4, prompts_per_step=4, batch_size=8, steps_per_generation=2,
+    "05": dict(n_train=64, num_generations=4, prompts_per_step=2, batch_size=4, steps_per_generation=2,
                max_completion_length=64, soft_punish_cache=4, temperature=0.7),   # the stand-in rambles at 1.0
     "06": dict(ppl_problems=8, outlier_prompts=4, qlora_steps=2),
-    "07": dict(n_prompts=16, n_heldout=8, n_samples=4, rl_pool=32, rl_iterations=3, rl_prompts=4, rl_samples=2,
+    "07": dict(n_prompts=16, n_heldout=8, n_samples=4, rl_pool=32, rl_iterations=2, rl_prompts=4, rl_samples=2,
                rl_minibatches=1, rl_micro_batch=2, overopt_iterations=6, overopt_prompts=4),   # six windows
     "08": dict(ttc_problems=8, ttc_samples=8, prm_problems=8, prm_samples=2, score_batch_size=32, beam_width=2,
                beam_expand=2, beam_max_steps=2, step_tokens=8, refine_rounds=1, budgets=[8, 16]),

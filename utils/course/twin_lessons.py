@@ -303,7 +303,7 @@ def _grpo_by_hand(phases, name, sft_model, cfg, tokenizer, out, steps):
                     add_special_tokens=False).to(cfg.device)
     policy = copy.deepcopy(sft_model)
     if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        policy.activation_checkpointing_enable()
     policy = (training.with_lora(policy, cfg) if cfg.use_lora else policy).train()
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.learning_rate)
     args = rl.grpo_config(cfg, out, save_strategy="no")
