@@ -1,7 +1,6 @@
 """tests/lesson_runs.py, the plugin behind `make test`: one execution per lesson, and nbval's comparison of
 the committed outputs with that execution (fast: no real lesson is executed here)."""
 import threading
-import time
 
 import nbformat
 import pytest
@@ -56,6 +55,8 @@ def _fake_lesson(path, seconds: float):
 def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):
     """Two lessons of 1.5 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
     two sleeps overlapping; each execution's time shown apart and the session's wait counted once."""
+    import time
+
     from tests import budget
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -81,13 +82,12 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
 def test_lessons_start_longest_first_then_the_rehearsals_longest_lesson_first(tmp_path, monkeypatch):
     seconds = {"01": 120, "04": 170, "07": 200, "08": 70}
     monkeypatch.setattr(lesson_runs, "expected_seconds", lambda lesson: seconds[lesson])
-    started = []
-    monkeypatch.setattr(lesson_runs.LessonRuns, "_execute_side_by_side", lambda self, todo: started.extend(todo))
+    started, done = [], threading.Event()
+    monkeypatch.setattr(lesson_runs.LessonRuns, "_execute_side_by_side",
+                        lambda self, todo: (started.extend(todo), done.set()))
     runs = lesson_runs.LessonRuns(tmp_path / "runs", workers=2)
     runs.prefetch(["08@24g", "01", "07@t4-16g", "04", "08", "01@24g", "07"])
-    deadline = time.time() + 5
-    while not started and time.time() < deadline:   # the pool starts in a thread of its own
-        pass
+    assert done.wait(60), "the pool never started"      # it starts in a thread of its own
     assert started == ["07", "04", "01", "08", "07@t4-16g", "01@24g", "08@24g"]
 
 

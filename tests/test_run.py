@@ -152,7 +152,7 @@ def test_only_cpu_runs_pin_the_cpu_code_paths(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     for key in X86_KERNEL_ENV_DEFAULTS:
         monkeypatch.delenv(key, raising=False)
-    for preset, pinned in (("tiny", True), ("auto", True), (None, True), ("t4-16g", False), ("24g", False)):
+    for preset, pinned in (("tiny", True), ("auto", True), (None, True), ("t4-16g", False), (" 24G ", False)):
         with kernel_env(preset):
             assert all((os.environ.get(k) == v) == pinned for k, v in X86_KERNEL_ENV_DEFAULTS.items()), preset
     assert not any(k in os.environ for k in X86_KERNEL_ENV_DEFAULTS)   # restored after

@@ -40,7 +40,6 @@ import threading
 import time
 from pathlib import Path
 
-from .. import presets
 from ..constants import ERROR_CELL_TAG, INJECTED_TAG, LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
 from .kernel import execute_notebook, sigterm_as_interrupt
 from .kernel import log as kernel_log
@@ -57,10 +56,10 @@ KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": "0"}  # set unless
 # compliance 0.0 on one and 0.725 on the other): torch picks its vector kernels (ATen), MKL and oneDNN their
 # code paths by the CPU's instruction set, AVX-512 where there is one, and a chaotic run amplifies the
 # last-bit differences. Pinned to AVX2, which every x86-64 CPU of the last decade has, an AVX-512 machine
-# reproduces an AVX2 machine's records exactly, at no measured cost on the tiny preset. Only the CPU runs are
-# pinned: a GPU preset computes on its card (and its CPU rehearsal, utils.course.rehearsal, records nothing
-# that is compared), while oneDNN's bf16 matrix products need AVX-512: pinned, a bf16 rehearsal's training
-# steps fell back to a plain loop, 10-20 times slower.
+# reproduces an AVX2 machine's records exactly, at no measured cost on the tiny preset. A run whose preset is
+# not a named GPU preset (tiny, auto) is pinned; a named GPU preset is not: it computes on its card, its CPU
+# rehearsal (utils.course.rehearsal) records nothing that is compared, and oneDNN's bf16 matrix products need
+# AVX-512: pinned, a bf16 rehearsal's backward passes fell back to a plain loop (a DPO step 19 s against 0.9 s).
 X86_KERNEL_ENV_DEFAULTS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # The number of CPU threads changes a chaotic run too: from the same seed, lesson 09's reward-hacking run ended
 # with 33 repeated calls on two threads and 3 on one (a reduction split over another number of threads adds in
@@ -78,12 +77,15 @@ def kernel_env(preset: str | None = None):
     """Set the environment the kernel inherits (progress bars off, inline figures, a fixed hash seed and, on
     x86-64, CPU kernels pinned to AVX2 unless ``preset`` is a GPU preset, and a ``tiny`` run's CPU threads pinned
     to two, so that a seeded run gives the same records on every machine); restore it after."""
+    from .. import presets  # here: it imports torch, which `python -m utils run --help` need not
+
+    name = str(preset or "").strip().lower()   # as presets.resolve reads it
     saved = dict(os.environ)
     os.environ.update(KERNEL_ENV)
     defaults = dict(KERNEL_ENV_DEFAULTS)
-    if platform.machine().lower() in ("x86_64", "amd64") and not presets.PRESETS.get(preset, {}).get("needs_gpu"):
+    if platform.machine().lower() in ("x86_64", "amd64") and not presets.PRESETS.get(name, {}).get("needs_gpu"):
         defaults.update(X86_KERNEL_ENV_DEFAULTS)
-    if preset == "tiny":
+    if name == "tiny":
         defaults.update(TINY_KERNEL_ENV_DEFAULTS)
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
