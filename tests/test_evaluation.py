@@ -104,6 +104,39 @@ def test_decode_samples_from_the_tempered_softmax(model_and_tokenizer):
     assert 0.5 * (freq - probs).abs().sum() < 0.05     # total variation distance
 
 
+def test_sample_tokens_is_multinomial_on_a_small_vocabulary():
+    """Up to MULTINOMIAL_MAX_VOCAB entries the draws are torch.multinomial's, seed for seed (the tiny records)."""
+    probs = torch.rand(8, 512, generator=torch.Generator().manual_seed(1)).softmax(-1)
+    torch.manual_seed(3)
+    expected = torch.multinomial(probs, 1)[:, 0]
+    torch.manual_seed(3)
+    assert torch.equal(evaluation.sample_tokens(probs), expected)
+
+
+def test_sample_tokens_draws_the_distribution_on_a_large_vocabulary(monkeypatch):
+    """Above MULTINOMIAL_MAX_VOCAB (Qwen's 151,936 tokens): the same distribution, a zero entry never drawn,
+    unnormalised rows and the extreme uniform draws included."""
+    vocab, n = evaluation.MULTINOMIAL_MAX_VOCAB + 1000, 40_000
+    probs = torch.zeros(vocab, dtype=torch.float32)
+    support = torch.tensor([0, 7, 4096, 4097, vocab - 2])       # first entry in, last entry out (zero)
+    probs[support] = torch.tensor([0.05, 0.4, 0.3, 0.05, 0.2])
+    rows = probs.expand(n, vocab) * 0.9                         # rows summing to 0.9: weights, not probabilities
+    torch.manual_seed(0)
+    drawn = evaluation.sample_tokens(rows)
+    assert drawn.dtype == torch.int64 and drawn.shape == (n,)
+    freq = torch.bincount(drawn, minlength=vocab).double() / n
+    assert set(drawn.unique().tolist()) <= set(support.tolist())
+    assert (freq[support] - probs[support].double()).abs().max() < 0.01    # 4 standard errors at most
+    # torch.rand's largest float64 value: the last nonzero entry; 0: the first nonzero entry
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, 1 - 2.0 ** -53, **kw))
+    assert evaluation.sample_tokens(rows[:2]).tolist() == [vocab - 2, vocab - 2]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, **kw))
+    assert evaluation.sample_tokens(rows[:2]).tolist() == [0, 0]
+    one_hot = torch.zeros(3, vocab)
+    one_hot[:, vocab - 1] = 1.0                                  # the last entry alone: a draw of 0 skips the zeros
+    assert evaluation.sample_tokens(one_hot).tolist() == [vocab - 1] * 3
+
+
 def test_top_p_filter_matches_transformers():
     from transformers.generation.logits_process import TopPLogitsWarper
 

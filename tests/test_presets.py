@@ -52,6 +52,14 @@ def test_unknown_preset_lists_choices():
         assert repr(name) in str(err.value)
 
 
+def test_preset_names_are_read_one_way():
+    """`resolve`, `needs_gpu` and the runner's kernel environment read a name alike (case, spaces)."""
+    assert presets.preset_name(" T4-16G ") == "t4-16g" and presets.preset_name(None) == ""
+    assert presets.resolve(" TINY ").preset == "tiny"
+    assert [presets.needs_gpu(n) for n in (" 24G", "t4-16g", "80g")] == [True, True, True]
+    assert not any(presets.needs_gpu(n) for n in ("tiny", "auto", None, "", "a100"))
+
+
 def test_unknown_lesson_lists_defined_lessons():
     with pytest.raises(ValueError, match=r"\['01', '02', '03', '04', '05', '06', '07', '08', '09'\]"):
         presets.resolve("tiny", lesson="99")

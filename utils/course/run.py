@@ -79,11 +79,11 @@ def kernel_env(preset: str | None = None):
     to two, so that a seeded run gives the same records on every machine); restore it after."""
     from .. import presets  # here: it imports torch, which `python -m utils run --help` need not
 
-    name = str(preset or "").strip().lower()   # as presets.resolve reads it
+    name = presets.preset_name(preset)
     saved = dict(os.environ)
     os.environ.update(KERNEL_ENV)
     defaults = dict(KERNEL_ENV_DEFAULTS)
-    if platform.machine().lower() in ("x86_64", "amd64") and not presets.PRESETS.get(name, {}).get("needs_gpu"):
+    if platform.machine().lower() in ("x86_64", "amd64") and not presets.needs_gpu(name):
         defaults.update(X86_KERNEL_ENV_DEFAULTS)
     if name == "tiny":
         defaults.update(TINY_KERNEL_ENV_DEFAULTS)

@@ -102,7 +102,7 @@ class LessonConfig:
         rows = [("preset", self.preset), ("model", self.model_label), ("device", self.device),
                 ("dtype", runtime.dtype_name(self.dtype))]
         rows += [(k, self.params[k]) for k in TABLE_KEYS if k in self.params]
-        if PRESETS.get(self.preset, {}).get("needs_gpu"):
+        if needs_gpu(self.preset):
             rows.append(("measured", measured_note(self.preset, self.lesson)))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -191,6 +191,16 @@ def _hub_error(name: str, needed: list[str]) -> RuntimeError:
 
 
 # ----------------------------------------------------------------------------- GPU checks
+def preset_name(preset) -> str:
+    """A preset as :func:`resolve` reads it: ``" T4-16G "`` -> ``"t4-16g"`` (None -> ``""``)."""
+    return str(preset or "").strip().lower()
+
+
+def needs_gpu(preset) -> bool:
+    """Whether ``preset`` names a GPU preset (``t4-16g``, ``24g``, ``80g``; not ``tiny``, ``auto`` or None)."""
+    return bool(PRESETS.get(preset_name(preset), {}).get("needs_gpu"))
+
+
 def _gpu_presets() -> list[str]:
     """GPU presets, largest memory first."""
     return sorted((n for n, p in PRESETS.items() if p["needs_gpu"]), key=lambda n: -PRESETS[n]["min_gpu_gb"])
@@ -292,7 +302,7 @@ def resolve(preset: str = "auto", lesson: str = "01", **overrides) -> LessonConf
         ValueError: unknown preset, lesson or override key.
         RuntimeError: the preset needs hardware (or the Hub) this machine does not have.
     """
-    name = str(preset).strip().lower()
+    name = preset_name(preset)
     if name != "auto" and name not in PRESETS:
         raise ValueError(f"Unknown preset {preset!r}; choose one of {['auto', *PRESETS]}.")
     lesson = _lesson_id(lesson)
