@@ -115,10 +115,11 @@ def test_sample_tokens_is_multinomial_on_a_small_vocabulary():
 
 def test_sample_tokens_draws_the_distribution_on_a_large_vocabulary(monkeypatch):
     """Above MULTINOMIAL_MAX_VOCAB (Qwen's 151,936 tokens): the same distribution, a zero entry never drawn,
-    unnormalised rows and the extreme uniform draws included."""
-    vocab, n = evaluation.MULTINOMIAL_MAX_VOCAB + 1000, 40_000
+    unnormalised rows and the extreme uniform draws included; a row torch.multinomial refuses is refused."""
+    monkeypatch.setattr(evaluation, "MULTINOMIAL_MAX_VOCAB", 64)   # the same code at a small size: 40,000 rows of 100
+    vocab, n = 100, 40_000
     probs = torch.zeros(vocab, dtype=torch.float32)
-    support = torch.tensor([0, 7, 4096, 4097, vocab - 2])       # first entry in, last entry out (zero)
+    support = torch.tensor([0, 7, 64, 65, vocab - 2])           # first entry in, last entry out (zero)
     probs[support] = torch.tensor([0.05, 0.4, 0.3, 0.05, 0.2])
     rows = probs.expand(n, vocab) * 0.9                         # rows summing to 0.9: weights, not probabilities
     torch.manual_seed(0)
@@ -135,6 +136,13 @@ def test_sample_tokens_draws_the_distribution_on_a_large_vocabulary(monkeypatch)
     one_hot = torch.zeros(3, vocab)
     one_hot[:, vocab - 1] = 1.0                                  # the last entry alone: a draw of 0 skips the zeros
     assert evaluation.sample_tokens(one_hot).tolist() == [vocab - 1] * 3
+    for bad in (float("nan"), float("inf"), -0.5):               # as torch.multinomial refuses them
+        row = one_hot[:1].clone()
+        row[0, 3] = bad
+        with pytest.raises(ValueError, match="non-negative weights"):
+            evaluation.sample_tokens(row)
+    with pytest.raises(ValueError, match="positive sum"):
+        evaluation.sample_tokens(torch.zeros(1, vocab))
 
 
 def test_top_p_filter_matches_transformers():

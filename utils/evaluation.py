@@ -63,12 +63,17 @@ def sample_tokens(probs: torch.Tensor) -> torch.Tensor:
     Draws token ``i`` with probability ``probs[r, i] / probs[r].sum()``; a zero entry is never drawn. Up to
     :data:`MULTINOMIAL_MAX_VOCAB` entries (the tiny model's 512) this is ``torch.multinomial(probs, 1)``, whose
     draws the committed tiny runs hold; above it, the inverse of the cumulative distribution (float64) at one
-    uniform draw per row: the same distribution, other draws from the same seed.
+    uniform draw per row: the same distribution, other draws from the same seed. A row with a nan, an inf, a
+    negative entry or no positive one raises (ValueError here; torch.multinomial's RuntimeError below the bound).
     """
     if probs.shape[-1] <= MULTINOMIAL_MAX_VOCAB:
         return torch.multinomial(probs, 1)[:, 0]
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cdf[:, -1:]   # in [0, total)
+    total = cdf[:, -1:]
+    if not (torch.isfinite(total).all() and (total > 0).all() and (probs >= 0).all()):   # as torch.multinomial
+        raise ValueError("sample_tokens: every row needs finite, non-negative weights with a positive sum (a nan or "
+                         "inf in the logits, e.g. an fp16 overflow, gives nan probabilities)")
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total   # in [0, total)
     return torch.searchsorted(cdf, u, right=True)[:, 0]   # the first i with cdf[i] > u: probs[i] > 0
 
 
