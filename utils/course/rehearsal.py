@@ -212,7 +212,8 @@ def gsm8k_standin(cache_dir: Path | None = None) -> Path:
 
 def write_spec(preset: str, path: Path, cache_dir: Path | None = None) -> Path:
     """Write the spec ``utils.presets.resolve`` reads from ``$COURSE_REHEARSAL``; return ``path``."""
-    if not presets.PRESETS.get(preset, {}).get("needs_gpu"):
+    preset = presets.preset_name(preset)
+    if not presets.needs_gpu(preset):
         raise ValueError(f"Only the GPU presets are rehearsed; got {preset!r} (choose from {presets._gpu_presets()})")
     model_id = presets.PRESETS[preset]["lessons"]["01"]["model"]
     spec = {"preset": preset, "model": str(standin_model(model_id, cache_dir)),

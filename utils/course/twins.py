@@ -209,7 +209,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("measuring the GPU presets needs a CUDA GPU (torch sees none)")
-    unknown = [p for p in args.preset if p not in presets.PRESETS or not presets.PRESETS[p]["needs_gpu"]]
+    args.preset = [presets.preset_name(p) for p in args.preset]
+    unknown = [p for p in args.preset if not presets.needs_gpu(p)]
     if unknown:
         parser.error(f"not GPU presets: {unknown}; choose from {presets._gpu_presets()}")
     report = {"environment": _environment(), "presets": {}}
