@@ -81,10 +81,12 @@ class LessonRuns:
     """The session's executions of the lessons, each made once: on first request, or in the background after
     :meth:`prefetch`."""
 
-    def __init__(self, out_dir: Path, note=None, workers: int = 1):
+    def __init__(self, out_dir: Path, note=None, workers: int = 1, seed: int = 0):
         """``note(part, seconds, what)`` is told each execution's time (the session's: :func:`tests.budget.note`);
-        ``workers`` > 1: :meth:`prefetch` executes that many lessons at a time, each in a process of its own."""
+        ``workers`` > 1: :meth:`prefetch` executes that many lessons at a time, each in a process of its own;
+        ``seed``: the lessons' ``SEED`` (``--lesson-seed``; the committed runs are seed 0's)."""
         self.out_dir = Path(out_dir)
+        self.seed = seed
         self.note = note
         self.workers = workers
         self.results: dict[str, dict] = {}
@@ -111,7 +113,7 @@ class LessonRuns:
             if lesson not in self.results:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 start = time.perf_counter()
-                self.results[lesson] = execute_job(lesson, self.out_dir)
+                self.results[lesson] = execute_job(lesson, self.out_dir, self.seed)
                 if self.note is not None:
                     self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
             return self.results[lesson]
@@ -170,7 +172,7 @@ class LessonRuns:
         env = {**os.environ, **SIDE_BY_SIDE_ENV}
         with open(self.out_dir / f"{name}.worker.log", "w") as log:
             self._procs[lesson] = subprocess.Popen(
-                [sys.executable, "-m", "tests.lesson_runs", lesson, str(self.out_dir), str(result_file)],
+                [sys.executable, "-m", "tests.lesson_runs", lesson, str(self.out_dir), str(result_file), str(self.seed)],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return result_file
 
@@ -251,6 +253,9 @@ def pytest_addoption(parser):
     group.addoption("--lesson-workers", type=int, default=None, metavar="N",
                     help="lessons executed side by side (default: one per core, up to 4; 1: one after the other, "
                          "in this process)")
+    group.addoption("--lesson-seed", type=int, default=0, metavar="N",
+                    help="execute the lessons with SEED=N: the record tests then re-check each lesson's effects on "
+                         "that seed (nbval compares the committed outputs, seed 0's, only when N is 0)")
 
 
 def pytest_configure(config):
@@ -260,7 +265,8 @@ def pytest_configure(config):
         config._lesson_tmp = tempfile.TemporaryDirectory(prefix="lesson-runs-")
         out = config._lesson_tmp.name
     workers = side_by_side(usable_cores(), config.getoption("--lesson-workers"))
-    config._lesson_runs = LessonRuns(Path(out), note=budget.note, workers=workers)
+    config._lesson_runs = LessonRuns(Path(out), note=budget.note, workers=workers,
+                                     seed=config.getoption("--lesson-seed"))
 
 
 def pytest_unconfigure(config):
@@ -355,15 +361,17 @@ class ReplayedCell(IPyNbCell):
             self.raise_cell_error("Cell execution caused an exception", "\n" + "\n".join(errors[0].get("traceback", [])))
         if self.cell.execution_count is None and self.cell.outputs:
             self.raise_cell_error("Unrun reference cell has outputs")
+        if self.options["check"] and self.config._lesson_runs.seed != 0:
+            pytest.skip("the committed outputs are seed 0's (--lesson-seed)")
         if self.options["check"] and self.cell.execution_count is not None:
             if not self.compare_outputs(outs, coalesce_streams(copy.deepcopy(self.cell.outputs))):
                 self.raise_cell_error("Cell outputs differ", "\n".join(self.comparison_traceback))
 
 
 # ----------------------------------------------------------------------------- a background execution
-def execute_job(job: str, folder: Path) -> dict:
-    """Execute ``job`` and return the runner's result dict: ``"04"`` is lesson 04 on tiny, into ``folder``;
-    ``"04@24g"`` is its rehearsal on GPU preset 24g's code path (``utils.course.rehearsal``), into
+def execute_job(job: str, folder: Path, seed: int = 0) -> dict:
+    """Execute ``job`` and return the runner's result dict: ``"04"`` is lesson 04 on tiny with ``SEED=seed``, into
+    ``folder``; ``"04@24g"`` is its rehearsal on GPU preset 24g's code path (``utils.course.rehearsal``), into
     ``folder/rehearsal-24g``."""
     from utils.course import rehearsal
     from utils.course.lessons import find_lessons
@@ -372,21 +380,21 @@ def execute_job(job: str, folder: Path) -> dict:
     lesson, _, preset = job.partition("@")
     (notebook,) = find_lessons([lesson])
     if not preset:
-        return execute_lesson(notebook, Path(folder), "tiny")
+        return execute_lesson(notebook, Path(folder), "tiny", seed=seed)
     (result,) = rehearsal.rehearse(preset, [notebook], Path(folder) / f"rehearsal-{preset}")
     return result
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.lesson_runs JOB FOLDER RESULT_JSON``: execute one job (:func:`execute_job`) into FOLDER
-    and write the runner's result dict to RESULT_JSON (what :meth:`LessonRuns.prefetch` starts). 130 when
+    """``python -m tests.lesson_runs JOB FOLDER RESULT_JSON [SEED]``: execute one job (:func:`execute_job`) into
+    FOLDER and write the runner's result dict to RESULT_JSON (what :meth:`LessonRuns.prefetch` starts). 130 when
     interrupted."""
     from utils.course.kernel import sigterm_as_interrupt
 
-    job, folder, result_file = argv
+    job, folder, result_file, *seed = argv
     try:
         with sigterm_as_interrupt():
-            result = execute_job(job, Path(folder))
+            result = execute_job(job, Path(folder), int(seed[0]) if seed else 0)
     except KeyboardInterrupt:
         return 130
     partial = Path(result_file).with_suffix(".partial")

@@ -60,16 +60,16 @@ def test_every_estimator_and_online_rft_beat_the_sft_model(records):
     # Same SFT start, prompts and iterations (15 of 12 prompts x 4 samples on tiny); greedy accuracy on 200 held-out
     # problems (binomial SE about 0.03). Seeds 0, 1, 2: SFT 0.065 / 0.055 / 0.035, PPO 0.165 / 0.160 / 0.155,
     # REINFORCE++ 0.255 / 0.225 / 0.160, RLOO 0.215 / 0.215 / 0.170, GRPO 0.280 / 0.210 / 0.170; online RFT
-    # (section 11, the same samples) 0.230 / 0.210 / 0.205. The smallest gain, PPO's +0.100 on seed 0 (± 0.032); on a
-    # second machine's CPU (a Xeon with AVX-512 and AMX), where seeded runs do not reproduce the committed records
-    # (README, "Pinned versions"), seed 0 gave PPO +0.075 (± 0.030), the others +0.120 to +0.185.
+    # (section 11, the same samples) 0.230 / 0.210 / 0.205. The smallest gain, PPO's +0.100 on seed 0 (± 0.032). (Before
+    # MKL's strict mode was pinned, a Xeon with AVX-512 and AMX gave seed 0 PPO +0.075 (± 0.030); pinned, it gives the
+    # values above: README, below the table of lessons.)
     # Not asserted: offline RFT, 0.210 / 0.210 / 0.075 (+0.040 ± 0.024 over SFT on seed 2, within noise).
     n = records["07/rl_heldout_problems"]
     sft = records["07/sft_heldout_accuracy"]
     for key in ESTIMATORS + ("online_rft",):
         acc = records[f"07/{key}_heldout_accuracy"]
         se = ((acc * (1 - acc) + sft * (1 - sft)) / n) ** 0.5
-        assert acc - sft > 2 * se and acc - sft >= 0.07, f"{key}: {sft:.3f} -> {acc:.3f} (± {se:.3f})"
+        assert acc - sft > 2 * se and acc - sft >= 0.08, f"{key}: {sft:.3f} -> {acc:.3f} (± {se:.3f})"
     # not asserted: the sampled accuracy during training (48 samples an iteration; SE about 0.04 over three) moves within
     # its noise, first three iterations against last three: PPO 0.090 -> 0.146 / 0.069 -> 0.062 / 0.167 -> 0.083.
 

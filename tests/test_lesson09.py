@@ -39,9 +39,10 @@ def test_per_turn_credit_disagrees_with_per_trajectory_credit(records):
 
 
 def test_a_bonus_per_call_is_hacked_and_the_fix_is_not(records):
-    # held-out calls per answer, seeds 0, 1, 2: 1.92 -> 3.39, 1.95 -> 6.36, 1.87 -> 5.71 (seeds 1, 2 measured before
-    # the rollout stopped running the last turn's calls, as TRL does: seed 0 went 3.43 -> 3.39 with it; the training
-    # log's calls, 4 prompts per step, are too noisy to assert on); accuracy 0.472 -> 0.016, 0.412 -> 0.048, 0.380 -> 0.040
+    # held-out calls per answer, seeds 0, 1, 2: 1.92 -> 6.06, 1.95 -> 5.60, 1.87 -> 5.56 (the training log's calls, 4
+    # prompts per step, are too noisy to assert on); accuracy 0.472 -> 0.020, 0.412 -> 0.040, 0.380 -> 0.040; the
+    # difference -0.452 +- 0.034, -0.372 +- 0.032, -0.340 +- 0.034. (Before MKL's strict mode was pinned, seed 0's
+    # hacked run made 3.39 calls per answer: README, below the table of lessons.)
     assert records["09/hack_calls"] > records["09/sft_calls"] + 1, "the bonus buys calls"
     assert records["09/rl_calls"] <= records["09/sft_calls"] + 0.1, "the cost per extra call holds the calls"
     d, se = records["09/hack_minus_sft"], records["09/hack_minus_sft_se"]

@@ -18,13 +18,13 @@ pytest_plugins = ["pytester"]
 def test_each_lesson_executes_once_however_often_and_concurrently_it_is_asked_for(monkeypatch, tmp_path):
     calls = []
 
-    def execute(notebook, out_dir, preset):
-        calls.append(notebook)
+    def execute(notebook, out_dir, preset, seed):
+        calls.append((notebook, seed))
         return {"status": "ok", "notebook": str(notebook)}
 
     monkeypatch.setattr(course_lessons, "find_lessons", lambda names: [tmp_path / f"{names[0]}_x.ipynb"])
     monkeypatch.setattr(course_run, "execute_lesson", execute)
-    runs = lesson_runs.LessonRuns(tmp_path / "runs")
+    runs = lesson_runs.LessonRuns(tmp_path / "runs", seed=2)
     threads = [threading.Thread(target=runs.run, args=("04",)) for _ in range(4)]
     for t in threads:
         t.start()
@@ -32,7 +32,7 @@ def test_each_lesson_executes_once_however_often_and_concurrently_it_is_asked_fo
         t.join()
     runs.run("04")
     runs.run("06")
-    assert [p.name for p in calls] == ["04_x.ipynb", "06_x.ipynb"]
+    assert [(p.name, seed) for p, seed in calls] == [("04_x.ipynb", 2), ("06_x.ipynb", 2)]
 
 
 @pytest.mark.parametrize("cores, workers, expected", [(2, None, 2), (1, None, 1), (16, None, 4), (2, 1, 1), (8, 3, 3)])
@@ -41,12 +41,14 @@ def test_lessons_side_by_side_one_per_core(cores, workers, expected):
 
 
 def _fake_lesson(path, seconds: float):
-    """A lesson that records how its kernel's CPU threads were set up, then sleeps ``seconds``."""
-    source = ("import os, time\nfrom utils.records import record, show_records\n"
+    """A lesson that records its SEED and how its kernel's CPU threads were set up, then sleeps ``seconds``."""
+    source = ("import os, time\nfrom utils.records import record, show_records\nrecord('x/seed', SEED)\n"
               "record('x/threads', os.environ.get('OMP_NUM_THREADS'))\n"
               "record('x/wait_policy', os.environ.get('OMP_WAIT_POLICY'))\n"
               f"time.sleep({seconds})\nrecord('x/slept', {seconds})\nshow_records()")
-    nb = new_notebook(cells=[new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})"), new_code_cell(source)])
+    parameters = new_code_cell("SEED = 0", metadata={"tags": ["parameters"]})
+    nb = new_notebook(cells=[parameters, new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})"),
+                             new_code_cell(source)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
     return str(path)
@@ -54,7 +56,8 @@ def _fake_lesson(path, seconds: float):
 
 def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):
     """Two lessons of 1.5 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
-    two sleeps overlapping; each execution's time shown apart and the session's wait counted once."""
+    two sleeps overlapping, each with the session's seed; each execution's time shown apart and the session's wait
+    counted once."""
     import time
 
     from tests import budget
@@ -64,14 +67,15 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
     monkeypatch.setattr(budget, "_extra", budget.defaultdict(float))
     (tmp_path / "nb").mkdir()
     lessons = [_fake_lesson(tmp_path / "nb" / f"0{i}_fake.ipynb", 1.5) for i in (1, 2)]
-    runs = lesson_runs.LessonRuns(tmp_path / "runs", note=budget.note, workers=2)
+    runs = lesson_runs.LessonRuns(tmp_path / "runs", note=budget.note, workers=2, seed=1)
     start = time.perf_counter()
     runs.prefetch(lessons)
     results = [runs.run(lesson) for lesson in lessons]
     took = time.perf_counter() - start
     for result in results:
         assert result["status"] == "ok", result
-        assert read_records(result["notebook"]) == {"x/threads": "2", "x/wait_policy": "PASSIVE", "x/slept": 1.5}
+        assert read_records(result["notebook"]) == {"x/seed": 1, "x/threads": "2", "x/wait_policy": "PASSIVE",
+                                                    "x/slept": 1.5}
     *walls, (what, span) = budget._details["lesson executions"]
     walls = [s for _, s in walls]
     assert len(walls) == 2 and took < sum(walls), (took, walls)     # side by side, not one after the other

@@ -53,6 +53,7 @@ record("99/hash_of_a_string", hash("post-training"))
 import torch
 record("99/cpu_capability", torch.backends.cpu.get_cpu_capability())
 record("99/torch_threads", torch.get_num_threads())
+record("99/mkl_cbwr", os.environ.get("MKL_CBWR"))
 from utils import headline
 headline("99", [{{"name": "accuracy", "values": {{"run": "accuracy"}}, "n": 200}}], tiny_target_s=600)
 import matplotlib.pyplot as plt
@@ -137,6 +138,9 @@ def test_records_parameters_and_environment(full_run):
     # ... and a tiny run on two CPU threads, whatever the machine has (the thread count changes a chaotic run)
     if "OMP_NUM_THREADS" not in os.environ:
         assert rec["99/torch_threads"] == 2
+    # ... with MKL's matrix products in its strict mode (summed in one order on any number of threads)
+    if platform.machine().lower() in ("x86_64", "amd64") and "MKL_CBWR" not in os.environ:
+        assert rec["99/mkl_cbwr"] == "AVX2,STRICT"
     assert fine["wall_s"] > 0
     # figures are embedded in the executed notebook
     fine_nb = nbformat.read(out / "02_fine.ipynb", as_version=4)
@@ -156,6 +160,29 @@ def test_only_cpu_runs_pin_the_cpu_code_paths(monkeypatch):
         with kernel_env(preset):
             assert all((os.environ.get(k) == v) == pinned for k, v in X86_KERNEL_ENV_DEFAULTS.items()), preset
     assert not any(k in os.environ for k in X86_KERNEL_ENV_DEFAULTS)   # restored after
+
+
+# Shapes whose matrix product MKL splits differently over one and two threads in its plain AVX2 mode (seen on an
+# AVX-512 Xeon: the first and last differ there); the strict mode adds in one order whatever the thread count.
+GEMM_PROBE = """import hashlib, torch
+torch.manual_seed(0)
+for m, k, n in [(64, 512, 512), (256, 128, 1536), (1024, 128, 512), (33, 700, 129)]:
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    print(hashlib.sha1((a @ b).numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the pins are x86-64's")
+def test_a_tiny_kernels_matrix_products_do_not_depend_on_the_thread_count():
+    """Under a tiny run's pins, MKL's fp32 matrix products give the same bits on one thread and on two: its strict
+    mode (MKL_CBWR=AVX2,STRICT) does not split a sum by the thread count, as its plain AVX2 mode does."""
+    bits = []
+    for threads in ("1", "2"):
+        with kernel_env("tiny"):
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+            bits.append(subprocess.run([sys.executable, "-c", GEMM_PROBE], env=env, capture_output=True, text=True,
+                                       check=True).stdout.split())
+    assert len(bits[0]) == 4 and bits[0] == bits[1]
 
 
 def test_summary_table_json_png_and_log(full_run):
