@@ -92,7 +92,7 @@ PHASES = {
     "06": {"fp32 eval", "int8 eval", "NF4 eval", "QLoRA train"},
     "07": {"pair sampling", "RewardTrainer train", "PPO iteration"},
     "08": {"sampled eval", "PRM train", "ORM train", "PRM scoring", "PRM beam search"},
-}
+}   # lesson 09's twin carries the real tokenizer: test_lesson09_measures_on_a_cpu_twin_with_the_real_tokenizer
 
 
 @pytest.mark.parametrize("lesson", sorted(PHASES))
@@ -118,6 +118,45 @@ def test_lesson07_runs_the_lessons_own_loop(small_twin, tmp_path):
     ppo = record["phases"]["PPO iteration"]
     assert set(ppo["parts"]) == {"generate", "score and advantages", "update policy", "update critic"}
     assert ppo["seconds"] == pytest.approx(sum(ppo["parts"].values()), abs=0.03)
+
+
+def test_lesson09_measures_on_a_cpu_twin_with_the_real_tokenizer(tmp_path):
+    """Lesson 09's twin renders tool turns in Qwen's markup: it carries the real tokenizer and chat template (Qwen3's
+    on 24g, whose rollouts render with TRL's training template) and runs the lesson's rollout and grpo_trainer."""
+    preset = "24g"
+    model_id = presets.PRESETS[preset]["lessons"]["09"]["model"]
+    small = {**SMALL, "vocab_size": 151936}
+    twin = twins.build_twin(model_id, tmp_path / "twin", torch.float32, real_tokenizer=True, **small)
+    assert __import__("transformers").AutoTokenizer.from_pretrained(twin).convert_tokens_to_ids("<tool_call>") == 151657
+    resolve = lambda p, lesson, **kw: small_resolve(p, lesson, **({"max_turns": 2, "n_test": 8} | kw))
+    record = twins.measure_lesson(preset, "09", twin, tmp_path / "out", steps=2, resolve=resolve)
+    assert "error" not in record, record.get("error")
+    assert set(record["phases"]) == {"SFT train", "tool rollout", "GRPO with tools train"}
+    assert all(p["seconds"] > 0 for p in record["phases"].values())
+    assert set(record["training_minutes"]) == set(record["phases"])
+
+
+def test_lesson09_counts_its_turn_batches():
+    from utils.course import twin_agent
+
+    cfg = presets.LessonConfig(preset="24g", lesson="09", device="cpu", dtype=torch.float32, model_label="twin",
+                               params=dict(presets.PRESETS["24g"]["lessons"]["09"]))
+    assert twin_agent.rollout_turns(cfg) == 4                       # (1024 - 160) / 256 tokens, rounded up
+    # 1319 / 64 -> 21 batches: 3 passes without the tool, 3 with up to 4 turns; 32 x 8 credit rollouts in 4 batches
+    assert twins.rollout_evaluations(cfg) == 21 * (3 + 3 * 4) + 4 * 4
+
+
+def test_lesson09_sft_holds_no_more_tokens_per_forward_than_lesson01_measured():
+    """Lesson 09 trains lesson 01's recipe at twice its max_length. With lesson 01's batch its twins ran out of memory
+    on every GPU preset (2026-11-28: fp32 logits of 8 x 1024 tokens over 151,936 entries asked for 4.64 GiB more under
+    a T4's cap): its SFT batch must hold no more tokens than lesson 01's measured one, with the same effective batch."""
+    for name in presets._gpu_presets():
+        one, nine = presets.PRESETS[name]["lessons"]["01"], presets.PRESETS[name]["lessons"]["09"]
+        assert nine["sft_batch_size"] * nine["max_length"] <= one["batch_size"] * one["max_length"], name
+        assert nine["sft_batch_size"] * nine["sft_grad_accum"] == one["batch_size"] * one["grad_accum"], name
+        assert presets.measurement(name, "01") is not None, name      # the fit rests on lesson 01's measurement
+    tiny_one, tiny_nine = presets.PRESETS["tiny"]["lessons"]["01"], presets.PRESETS["tiny"]["lessons"]["09"]
+    assert (tiny_nine["sft_batch_size"], tiny_nine["sft_grad_accum"]) == (tiny_one["batch_size"], tiny_one["grad_accum"])
 
 
 def test_lesson_defs_define_the_lessons_functions_without_running_its_experiments():
@@ -254,7 +293,8 @@ def test_capped_records_stayed_under_their_cap():
     capped = [(name, lesson, r) for name, records in committed()["presets"].items()
               for lesson, r in records.items() if r.get("memory_cap_gb")]
     assert {(name, lesson) for name, lesson, _ in capped} == {("24g", "04"), ("24g", "05"), ("t4-16g", "07"),
-                                                          ("t4-16g", "08"), ("24g", "08"), ("80g", "08")}
+                                                          ("24g", "07"), ("80g", "07"), ("t4-16g", "08"),
+                                                          ("24g", "08"), ("80g", "08")}
     for _, _, record in capped:
         assert "error" not in record and record["peak_gb"] <= record["memory_cap_gb"]
         assert all(p["allocated_gb"] <= p["peak_gb"] for p in record["phases"].values())
@@ -278,7 +318,9 @@ def test_capstone_phases_hold_the_presets_sizes():
 def test_a_record_measured_on_another_gpu_names_it():
     assert presets.measured_note("t4-16g", "07").endswith(", 24.17 s per iteration (PPO iteration) on an H200 "
                                                           "(random-weight stand-in)")
-    assert presets.measured_note("24g", "07") == "unmeasured"
+    assert presets.measured_note("24g", "07").endswith(", 48.16 s per iteration (PPO iteration) on an H200 "
+                                                       "(random-weight stand-in)")
+    assert presets.measured_note("24g", "09") == "unmeasured"
 
 
 def test_each_lessons_header_cites_its_measurement():

@@ -70,7 +70,8 @@ SHRINK = {
     "08": dict(ttc_problems=8, ttc_samples=8, prm_problems=8, prm_samples=2, score_batch_size=32, beam_width=2,
                beam_expand=2, beam_max_steps=2, step_tokens=8, refine_rounds=1, budgets=[8, 16]),
     "09": dict(n_train=16, max_turns=2, num_generations=2, prompts_per_step=2, batch_size=4,
-               max_completion_length=96, hack_steps=1, hack_prompts=2, turn_prompts=4),
+               max_completion_length=96, hack_steps=1, hack_prompts=2, turn_prompts=4, sft_batch_size=2,
+               sft_grad_accum=1),
 }
 
 

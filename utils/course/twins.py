@@ -39,6 +39,7 @@ from .. import presets, runtime
 from ..constants import TINY_MODEL_DIR
 from ..presets import measured
 from . import twin_lessons
+from .twin_agent import lesson09, rollout_turns
 from .twin_judges import beam_problems, lesson07, lesson08
 from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
 
@@ -81,8 +82,10 @@ def twin_config(model_id: str, **overrides):
 
 
 def build_twin(model_id: str, out_dir, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
-               **overrides) -> Path:
-    """Save a random-weight twin of ``model_id`` (in ``dtype``) with the tiny tokenizer to ``out_dir``.
+               real_tokenizer: bool = False, **overrides) -> Path:
+    """Save a random-weight twin of ``model_id`` (in ``dtype``) with the tiny tokenizer to ``out_dir``, or with the
+    model's real tokenizer and chat template (``real_tokenizer``: :mod:`.qwen_tokenizers`, built offline; lesson 09
+    renders tool turns in Qwen's markup).
 
     The weights are drawn on ``device`` (a GPU draws a 4B model in seconds). Returns ``out_dir``,
     which loads like the Hub model: ``AutoModelForCausalLM.from_pretrained(out_dir)``."""
@@ -95,8 +98,13 @@ def build_twin(model_id: str, out_dir, dtype: torch.dtype = torch.bfloat16, devi
         model = AutoModelForCausalLM.from_config(twin_config(model_id, **overrides), dtype=dtype)
     model.generation_config.eos_token_id = None   # the tiny tokenizer's stop tokens decide (evaluation.py)
     model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copy(TINY_MODEL_DIR / name, out / name)
+    if real_tokenizer:
+        from .qwen_tokenizers import qwen_tokenizer
+
+        qwen_tokenizer(model_id).save_pretrained(out)
+    else:
+        for name in TOKENIZER_FILES:
+            shutil.copy(TINY_MODEL_DIR / name, out / name)
     del model
     return out
 
@@ -111,7 +119,8 @@ def parameter_count(model_id: str) -> int:
 
 
 LESSONS = {"01": lesson01, "02": lesson02, "03": lesson03, "04": lesson04, "05": lesson05, "06": lesson06,
-           "07": lesson07, "08": lesson08}
+           "07": lesson07, "08": lesson08, "09": lesson09}
+REAL_TOKENIZER = {"09"}   # lessons whose twin carries the model's real tokenizer and chat template
 
 
 def _training_steps(cfg, lesson: str) -> dict:
@@ -135,7 +144,19 @@ def _training_steps(cfg, lesson: str) -> dict:
         return {"PRM train": cfg.max_steps, "ORM train": cfg.max_steps,
                 "sampled eval": math.ceil(answers / cfg.eval_batch_size),
                 "PRM beam search": 2 * cfg.beam_max_steps * math.ceil(cfg.ttc_problems / beam_problems(cfg))}
+    if lesson == "09":   # both SFTs; the GRPO run and the hack run (the same batch: hack_prompts = prompts_per_step)
+        return {"SFT train": 2 * cfg.sft_steps, "GRPO with tools train": cfg.max_steps + cfg.hack_steps,
+                "tool rollout": rollout_evaluations(cfg)}
     return {"QLoRA train": cfg.qlora_steps}
+
+
+def rollout_evaluations(cfg) -> int:
+    """Lesson 09's turn batches: six passes over ``n_test`` (the plain model, the trace model with and without the
+    tool, the GRPO model with and without it, the hacked model with it; those with the tool up to
+    :func:`.twin_agent.rollout_turns` turns each) and the credit section's ``turn_prompts x num_generations``."""
+    batches = math.ceil(cfg.n_test / cfg.eval_batch_size)
+    credit = math.ceil(cfg.turn_prompts * cfg.num_generations / cfg.eval_batch_size)
+    return batches * (3 + 3 * rollout_turns(cfg)) + credit * rollout_turns(cfg)
 
 
 def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve,
@@ -175,10 +196,11 @@ def measure(preset: str, lessons, out_dir, steps: int = 3, only=None) -> dict:
     results, twins = {}, {}
     for lesson in lessons:
         model_id = spec["lessons"][lesson]["model"]
-        if model_id not in twins:
-            twins[model_id] = build_twin(model_id, out_dir / "twins" / model_id.split("/")[-1],
-                                         presets._preset_dtype(spec, "cuda"), "cuda")
-        results[lesson] = measure_lesson(preset, lesson, twins[model_id], out_dir / lesson, steps, only=only)
+        key = (model_id, lesson in REAL_TOKENIZER)
+        if key not in twins:
+            twins[key] = build_twin(model_id, out_dir / "twins" / (model_id.split("/")[-1] + "-real" * key[1]),
+                                    presets._preset_dtype(spec, "cuda"), "cuda", real_tokenizer=key[1])
+        results[lesson] = measure_lesson(preset, lesson, twins[key], out_dir / lesson, steps, only=only)
         print(json.dumps({preset: {lesson: results[lesson]}}), flush=True)
     return results
 

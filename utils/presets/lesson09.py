@@ -8,6 +8,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
     "sft_steps":              (50,    300,    300,    300),     # both SFTs: lesson 01's recipe, the same steps
+    "sft_batch_size":         (32,    4,      8,      4),       # lesson 01's batch halved on GPUs: twice its
+    "sft_grad_accum":         (1,     8,      4,      8),       # max_length (its batch ran out of memory)
     "n_test":                 (250,   300,    1319,   1319),    # held-out problems of every accuracy
     "max_new_tokens":         (80,    256,    256,    256),     # one assistant turn
     "max_turns":              (8,     8,      8,      8),       # assistant turns per rollout (TRL: tool iterations + 1)
