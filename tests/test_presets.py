@@ -229,7 +229,8 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     for name in presets.PRESETS:
         for lesson in presets.PRESETS[name]["lessons"]:
             cfg = presets.resolve(name, lesson=lesson)
-            got[f"{name}/{lesson}"] = {**cfg.to_dict(), "table": cfg.table()}
+            table = "\n".join(line for line in cfg.table().splitlines() if not line.startswith("estimate"))
+            got[f"{name}/{lesson}"] = {**cfg.to_dict(), "table": table}   # the estimate line came after it
     assert set(want) <= set(got), sorted(set(want) - set(got))   # lessons added since (07 on) only resolve
     for key in want:   # json.dumps tells 1 from 1.0 and True from 1, which == does not
         assert json.dumps(got[key], sort_keys=True) == json.dumps(want[key], sort_keys=True), key

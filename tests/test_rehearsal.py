@@ -34,6 +34,56 @@ def test_every_size_knob_is_cut_or_kept_small(lesson):
             assert small, f"lesson {lesson}, {preset}: {key}={value!r} is not cut (rehearsal.SHRINK)"
 
 
+def models_loaded_without_a_device(source: str) -> list[str]:
+    """The ``AutoModelFor*.from_pretrained(...)`` calls of ``source`` that neither pass ``device_map=`` nor are followed
+    by ``.to(...)`` (through ``.eval()`` / ``.train()``): on a GPU preset such a model stays on the CPU."""
+    import ast
+
+    tree, found = ast.parse(source), []
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "from_pretrained" and isinstance(node.func.value, ast.Name)
+                and node.func.value.id.startswith("AutoModelFor")):
+            continue
+        if any(k.arg == "device_map" for k in node.keywords) or "TINY_MODEL_DIR" in ast.unparse(node.args):
+            continue
+        up = node
+        while isinstance(parents.get(up), ast.Attribute) and isinstance(parents.get(parents[up]), ast.Call):
+            attr, call = parents[up], parents[parents[up]]
+            if attr.attr == "to":
+                break
+            up = call
+        else:
+            target = parents.get(up)
+            name = target.targets[0].id if isinstance(target, ast.Assign) and isinstance(target.targets[0], ast.Name) \
+                else None
+            arg = ast.unparse(node.args[0]).split(".")[0] if node.args else ""
+            later = name and (f"{name}.to(" in source or re.search(rf"model\s*=\s*{name}\b", source))
+            if not (later or re.search(rf"\b{arg}\s*=\s*presets\.resolve\(\"tiny\"", source)):  # moved later / tiny
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_every_lesson_puts_its_models_on_the_device():
+    """A rehearsal runs on the CPU, so it cannot see a model left there: lesson 06 loaded its fp32 variant without
+    ``device_map`` and measured it on the CPU on every GPU preset (hours for a 4B model). Every model a lesson
+    loads goes to ``cfg.device`` (the tiny model of a CPU-only check excepted)."""
+    import nbformat
+
+    from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
+
+    assert models_loaded_without_a_device("m = AutoModelForCausalLM.from_pretrained(d, dtype=t).eval()")
+    assert not models_loaded_without_a_device("m = AutoModelForCausalLM.from_pretrained(d).to(dev).eval()")
+    assert not models_loaded_without_a_device("m = AutoModelForTokenClassification.from_pretrained(d)\nm = f(m.to(x))")
+    assert not models_loaded_without_a_device("c = presets.resolve(\"tiny\")\nm = AutoModelForCausalLM.from_pretrained(c.model)")
+    for notebook in sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)):
+        for cell in nbformat.read(notebook, as_version=4).cells:
+            if cell.cell_type == "code":
+                source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+                assert not models_loaded_without_a_device(source), (notebook.name, cell.get("id"))
+
+
 @pytest.mark.parametrize("lesson", ["04", "05", "09"])
 def test_cut_generation_batches_divide(lesson):
     """GRPO's generation batch (prompts x num_generations) is batch_size x steps_per_generation (TRL's default for

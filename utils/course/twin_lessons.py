@@ -13,8 +13,7 @@ import time
 import torch
 
 from .. import presets
-
-PROMPT_TOKENS = 160   # a GSM8K prompt in Qwen's chat template is about 80-200 tokens
+from ..presets.sizing import PROMPT_TOKENS
 
 
 # ----------------------------------------------------------------------------- data of a given length

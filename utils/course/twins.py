@@ -38,32 +38,11 @@ import torch
 from .. import presets, runtime
 from ..constants import TINY_MODEL_DIR
 from ..presets import measured
+from ..presets.hardware import ARCHITECTURES
 from . import twin_lessons
 from .twin_agent import lesson09, rollout_turns
 from .twin_judges import beam_problems, lesson07, lesson08
 from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
-
-# config.json of each Hub model a GPU preset uses (the architecture fields; dtype set per preset).
-ARCHITECTURES: dict[str, dict] = {
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(
-        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=896,
-        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        max_position_embeddings=32768, max_window_layers=21, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False, bos_token_id=151643,
-        eos_token_id=151645),
-    "Qwen/Qwen3-1.7B-Base": dict(
-        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
-        eos_token_id=151643),
-    "Qwen/Qwen3-4B-Base": dict(
-        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2560,
-        intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, bos_token_id=151643,
-        eos_token_id=151643),
-}
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

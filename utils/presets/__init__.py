@@ -28,7 +28,7 @@ import torch
 
 from .. import runtime
 from ..constants import REPO_ROOT, TINY_MODEL_DIR, TINY_MODEL_LABEL
-from . import measured
+from . import measured, sizing
 from .tiers import ORDER, TIERS
 
 REHEARSAL_ENV = "COURSE_REHEARSAL"   # a rehearsal's spec (utils/course/rehearsal.py): a GPU preset's path on a CPU
@@ -103,6 +103,7 @@ class LessonConfig:
                 ("dtype", runtime.dtype_name(self.dtype))]
         rows += [(k, self.params[k]) for k in TABLE_KEYS if k in self.params]
         if needs_gpu(self.preset):
+            rows.append(("estimate", estimate_note(self.preset, self.lesson, self.params)))
             rows.append(("measured", measured_note(self.preset, self.lesson)))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -143,6 +144,25 @@ def measurement(preset: str, lesson) -> dict | None:
 def measured_note(preset: str, lesson) -> str:
     """The resolution table's "measured" line for a GPU preset (or "unmeasured")."""
     return measured.measured_note(measurement(preset, lesson))
+
+
+def estimate(preset: str, lesson, params: dict | None = None) -> dict:
+    """The upper-bound time of ``lesson`` on GPU ``preset``'s card (:func:`utils.presets.sizing.estimate`), from the
+    preset's values (``params``: the lesson's own, overrides included) and the current measurements."""
+    lesson = _lesson_id(lesson)
+    own = params or PRESETS[preset]["lessons"][lesson]
+    return sizing.estimate(preset, lesson, lambda les: own if les == lesson else PRESETS[preset]["lessons"][les],
+                           lambda les: measurement(preset, les), PRESETS[preset]["lessons"][lesson]["model"])
+
+
+def estimate_note(preset: str, lesson, params: dict | None = None) -> str:
+    """The resolution table's "estimate" line: minutes on the preset's card against the session budget."""
+    e = estimate(preset, lesson, params)
+    if e["minutes"] is None:
+        return f"none on the {e['card']}: unmeasured phases ({', '.join(e['unmeasured'])})"
+    over = e["minutes"] > sizing.BUDGET_MINUTES
+    return (f"at most {e['minutes']:.0f} min on the {e['card']} (budget {sizing.BUDGET_MINUTES}"
+            f"{': over it' if over else ''}; upper bound, README's GPU estimates)")
 
 
 # ----------------------------------------------------------------------------- hub / cache checks

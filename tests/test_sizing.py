@@ -1,0 +1,82 @@
+"""utils.presets.hardware and utils.presets.sizing: the cards, the models' shapes and the upper-bound time estimate
+of every lesson on its preset's card (README, "GPU presets: estimated time on each card")."""
+import pytest
+import torch
+
+from utils import presets
+from utils.constants import REPO_ROOT
+from utils.course import twins
+from utils.presets import hardware, sizing
+
+GPU_PRESETS = [p for p in presets.PRESETS if presets.PRESETS[p]["needs_gpu"]]
+QWEN25 = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.mark.parametrize("model_id", sorted(hardware.ARCHITECTURES))
+def test_shape_counts_the_parameters_the_model_has(model_id):
+    assert hardware.shape(model_id)["params"] == twins.parameter_count(model_id)
+
+
+def test_device_seconds_by_hand():
+    n = hardware.shape(QWEN25)["params"]                       # 494,032,768
+    t4 = hardware.CARDS["T4"]
+    train = sizing.device_seconds([sizing.training(2, 1000, checkpointing=False)], QWEN25, "T4")
+    assert train == pytest.approx(6 * n * 2000 / (t4["fp16_tflops"] * 1e12 * sizing.EFFICIENCY))
+    assert sizing.device_seconds([sizing.training(2, 1000)], QWEN25, "T4") == pytest.approx(train * 8 / 6)
+    fp32 = sizing.device_seconds([sizing.forward(1, 100)], QWEN25, "T4", fp32=True)
+    assert fp32 == pytest.approx(2 * n * 100 / (t4["fp32_tflops"] * 1e12 * sizing.EFFICIENCY))
+    # one decode step of one row after no prompt: the weights once (2 bytes each) and half a token of cache
+    kv = hardware.shape(QWEN25)["kv_per_token"]                # 2 x 24 layers x 2 heads x 64 = 6,144
+    assert kv == 6144
+    gen = sizing.device_seconds([sizing.generation(1, 1, prompt=0)], QWEN25, "T4")
+    assert gen == pytest.approx(2 * n / (t4["fp16_tflops"] * 1e12 * sizing.EFFICIENCY)
+                                + (n + kv * 0.5) * 2 / (t4["bandwidth_gbs"] * 1e9 * sizing.EFFICIENCY))
+
+
+def test_cards_are_the_presets_and_are_named_from_the_device():
+    assert set(hardware.PRESET_CARD) == set(GPU_PRESETS) and set(hardware.PRESET_CARD.values()) <= set(hardware.CARDS)
+    assert hardware.CARDS["T4"]["bf16_tflops"] is None                         # fp16 only: t4-16g trains in fp16
+    names = {"Tesla T4": "T4", "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA A100-SXM4-80GB": "A100 80GB",
+             "NVIDIA H100 80GB HBM3": "H100 80GB", "NVIDIA H200": "H200", "NVIDIA A10G": None, None: None}
+    assert {name: hardware.card_of(name) for name in names} == names
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_lesson_has_an_estimate_from_measured_phases(preset):
+    for lesson in presets.PRESETS[preset]["lessons"]:
+        e = presets.estimate(preset, lesson)
+        assert e["card"] == hardware.PRESET_CARD[preset]
+        assert e["minutes"] is not None, (preset, lesson, e["unmeasured"])
+        assert e["minutes"] == pytest.approx(sum(r["minutes"] for r in e["rows"]))
+        assert all(r["measured"] > 0 and r["device"] > 0 for r in e["rows"]), (preset, lesson)
+
+
+def test_an_operation_needs_its_phase_measured(monkeypatch):
+    """A phase that was not measured on the preset leaves the estimate open, and says which."""
+    real = presets.measurement
+    monkeypatch.setattr(presets, "measurement", lambda p, les: None if les == "04" else real(p, les))
+    e = presets.estimate("24g", "04")
+    assert e["minutes"] is None and "04 GRPO train" in e["unmeasured"]
+    assert presets.estimate_note("24g", "04").startswith("none on the RTX 4090: unmeasured phases (04 GRPO train")
+
+
+def test_fewer_steps_cost_less_and_the_table_says_so():
+    full = presets.estimate("24g", "04")["minutes"]
+    half = presets.estimate("24g", "04", {**presets.PRESETS["24g"]["lessons"]["04"], "max_steps": 100})["minutes"]
+    grpo = next(r for r in presets.estimate("24g", "04")["rows"] if r["label"].startswith("GRPO"))
+    assert half == pytest.approx(full - grpo["minutes"] / 2)
+    cfg = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
+                               params=dict(presets.PRESETS["24g"]["lessons"]["04"]))
+    line = next(x for x in cfg.table().splitlines() if x.startswith("estimate"))
+    assert f"at most {full:.0f} min on the RTX 4090 (budget {sizing.BUDGET_MINUTES}" in line
+    assert "estimate" not in presets.resolve("tiny", lesson="04").table()
+
+
+def test_readme_shows_the_estimates():
+    estimates = {(lesson, p): presets.estimate(p, lesson) for p in GPU_PRESETS for lesson in sizing.OPERATIONS}
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert sizing.markdown(estimates) in readme
+    over = sum(e["minutes"] > sizing.BUDGET_MINUTES for e in estimates.values())
+    assert f"**{over} of the {len(estimates)} are over the budget" in readme
+    for card in hardware.CARDS.values():
+        assert card["source"] in readme
