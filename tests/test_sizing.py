@@ -62,7 +62,8 @@ def test_an_operation_needs_its_phase_measured(monkeypatch):
 
 def test_fewer_steps_cost_less_and_the_table_says_so():
     full = presets.estimate("24g", "04")["minutes"]
-    half = presets.estimate("24g", "04", {**presets.PRESETS["24g"]["lessons"]["04"], "max_steps": 100})["minutes"]
+    params = presets.PRESETS["24g"]["lessons"]["04"]
+    half = presets.estimate("24g", "04", {**params, "max_steps": params["max_steps"] // 2})["minutes"]
     grpo = next(r for r in presets.estimate("24g", "04")["rows"] if r["label"].startswith("GRPO"))
     assert half == pytest.approx(full - grpo["minutes"] / 2)
     cfg = presets.LessonConfig(preset="24g", lesson="04", device="cuda", dtype=torch.bfloat16, model_label="m",
@@ -77,6 +78,57 @@ def test_readme_shows_the_estimates():
     readme = (REPO_ROOT / "README.md").read_text()
     assert sizing.markdown(estimates) in readme
     over = sum(e["minutes"] > sizing.BUDGET_MINUTES for e in estimates.values())
-    assert f"**{over} of the {len(estimates)} are over the budget" in readme
+    assert f"**{over} of the {len(estimates)} are still over the hour**" in readme
     for card in hardware.CARDS.values():
         assert card["source"] in readme
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_lesson_fits_a_session_on_its_card_or_is_listed(preset):
+    """The budget: a lesson on its preset's card in at most BUDGET_MINUTES (an upper bound), or, for the lessons the
+    cuts of 2026-11-28 left over it (sizing.OVER_BUDGET), no more than then. A listed lesson that fits leaves the list."""
+    for lesson in presets.PRESETS[preset]["lessons"]:
+        minutes = presets.estimate(preset, lesson)["minutes"]
+        ceiling = sizing.OVER_BUDGET.get((lesson, preset))
+        if ceiling is None:
+            assert minutes <= sizing.BUDGET_MINUTES, f"lesson {lesson} on {preset}: {minutes:.0f} min"
+        else:
+            assert sizing.BUDGET_MINUTES < minutes <= ceiling, f"lesson {lesson} on {preset}: {minutes:.0f} min"
+
+
+def test_each_lessons_header_states_its_estimate():
+    """The time column of a lesson's GPU rows ends with the estimate on the preset's card, as the table computes it."""
+    import nbformat
+
+    from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR
+
+    for notebook in sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)):
+        lesson, header = notebook.name[:2], nbformat.read(notebook, as_version=4).cells[0].source
+        for preset in GPU_PRESETS:
+            (row,) = [line for line in header.splitlines() if line.startswith(f"| `{preset}` |")]
+            e = presets.estimate(preset, lesson)
+            assert row.endswith(f"; estimated at most {e['minutes']:.0f} min on the {e['card']} (upper bound, README) |"), \
+                (lesson, preset, row)
+
+
+def test_the_table_estimates_for_the_card_it_runs_on():
+    """On a card the model knows, the resolution table estimates for it (an H100 is faster than the A100 80g is
+    sized for); on any other GPU, for the preset's card."""
+    a100 = presets.estimate("80g", "04")["minutes"]
+    h100 = presets.estimate("80g", "04", card="H100 80GB")["minutes"]
+    assert h100 < a100
+    assert presets.estimate_note("80g", "04", gpu={"name": "NVIDIA H100 80GB HBM3"}).startswith(
+        f"at most {h100:.0f} min on this H100 80GB")
+    assert presets.estimate_note("80g", "04", gpu={"name": "NVIDIA A10G"}).startswith(
+        f"at most {a100:.0f} min on the A100 80GB")
+
+
+def test_auto_says_which_preset_it_chose_and_why(fake_gpu, monkeypatch, capsys):
+    from utils import runtime
+
+    fake_gpu("RTX 4090")
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
+    cfg = presets.resolve("auto", lesson="02")
+    out = capsys.readouterr().out
+    assert cfg.preset == "24g" and "auto: NVIDIA GeForce RTX 4090" in out
+    assert "-> '24g', the largest preset it fits (at least 20 GB and bf16)" in out

@@ -142,8 +142,8 @@ def test_lesson09_counts_its_turn_batches():
     cfg = presets.LessonConfig(preset="24g", lesson="09", device="cpu", dtype=torch.float32, model_label="twin",
                                params=dict(presets.PRESETS["24g"]["lessons"]["09"]))
     assert twin_agent.rollout_turns(cfg) == 4                       # (1024 - 160) / 256 tokens, rounded up
-    # 1319 / 64 -> 21 batches: 3 passes without the tool, 3 with up to 4 turns; 32 x 8 credit rollouts in 4 batches
-    assert twins.rollout_evaluations(cfg) == 21 * (3 + 3 * 4) + 4 * 4
+    # 100 / 64 -> 2 batches: 3 passes without the tool, 3 with up to 4 turns; 16 x 8 credit rollouts in 2 batches
+    assert twins.rollout_evaluations(cfg) == 2 * (3 + 3 * 4) + 2 * 4
 
 
 def test_lesson09_sft_holds_no_more_tokens_per_forward_than_lesson01_measured():
@@ -179,7 +179,7 @@ def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_pat
     cfg = small_resolve("24g", "01", model=str(small_twin))
     phases = twin_lessons.Phases()
     trainer = twin_lessons._train_sft(phases, "sft", twin_lessons._load(cfg), tok, cfg, tmp_path, steps=2)
-    assert trainer.state.global_step == 2 and cfg.max_steps == 500
+    assert trainer.state.global_step == 2 and cfg.max_steps == 150
 
 
 def test_a_failing_lesson_is_reported_not_raised(small_twin, tmp_path, monkeypatch):
@@ -305,12 +305,13 @@ def test_capped_records_stayed_under_their_cap():
 
 def test_capstone_phases_hold_the_presets_sizes():
     """hand_steps and hand_prompts stay out of the digest (the GRPOTrainer phases do not depend on them), so the
-    capstone's phase carries the values it ran with, and they must be the preset's."""
+    capstone's phase carries the values it ran with; its size (hand_prompts) must be the preset's, its steps are a
+    count (the presets' were cut to a session after it ran)."""
     for name, records in committed()["presets"].items():
         phase = records["04"]["phases"].get("capstone grpo_step")
         if phase:
             params = presets.PRESETS[name]["lessons"]["04"]
-            assert (phase["hand_prompts"], phase["hand_steps"]) == (params["hand_prompts"], params["hand_steps"])
+            assert phase["hand_prompts"] == params["hand_prompts"]
     assert {n for n, r in committed()["presets"].items() if "capstone grpo_step" in r["04"]["phases"]} == {
         "t4-16g", "24g"}
 

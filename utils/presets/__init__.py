@@ -28,7 +28,7 @@ import torch
 
 from .. import runtime
 from ..constants import REPO_ROOT, TINY_MODEL_DIR, TINY_MODEL_LABEL
-from . import measured, sizing
+from . import hardware, measured, sizing
 from .tiers import ORDER, TIERS
 
 REHEARSAL_ENV = "COURSE_REHEARSAL"   # a rehearsal's spec (utils/course/rehearsal.py): a GPU preset's path on a CPU
@@ -103,7 +103,8 @@ class LessonConfig:
                 ("dtype", runtime.dtype_name(self.dtype))]
         rows += [(k, self.params[k]) for k in TABLE_KEYS if k in self.params]
         if needs_gpu(self.preset):
-            rows.append(("estimate", estimate_note(self.preset, self.lesson, self.params)))
+            gpu = runtime.gpu_info() if self.device == "cuda" else None
+            rows.append(("estimate", estimate_note(self.preset, self.lesson, self.params, gpu)))
             rows.append(("measured", measured_note(self.preset, self.lesson)))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -146,22 +147,26 @@ def measured_note(preset: str, lesson) -> str:
     return measured.measured_note(measurement(preset, lesson))
 
 
-def estimate(preset: str, lesson, params: dict | None = None) -> dict:
-    """The upper-bound time of ``lesson`` on GPU ``preset``'s card (:func:`utils.presets.sizing.estimate`), from the
-    preset's values (``params``: the lesson's own, overrides included) and the current measurements."""
+def estimate(preset: str, lesson, params: dict | None = None, card: str | None = None) -> dict:
+    """The upper-bound time of ``lesson`` on GPU ``preset``'s card, or on ``card`` (a ``hardware.CARDS`` name;
+    :func:`utils.presets.sizing.estimate`), from the preset's values (``params``: the lesson's own, overrides
+    included) and the current measurements."""
     lesson = _lesson_id(lesson)
     own = params or PRESETS[preset]["lessons"][lesson]
     return sizing.estimate(preset, lesson, lambda les: own if les == lesson else PRESETS[preset]["lessons"][les],
-                           lambda les: measurement(preset, les), PRESETS[preset]["lessons"][lesson]["model"])
+                           lambda les: measurement(preset, les), PRESETS[preset]["lessons"][lesson]["model"], card)
 
 
-def estimate_note(preset: str, lesson, params: dict | None = None) -> str:
-    """The resolution table's "estimate" line: minutes on the preset's card against the session budget."""
-    e = estimate(preset, lesson, params)
+def estimate_note(preset: str, lesson, params: dict | None = None, gpu: dict | None = None) -> str:
+    """The resolution table's "estimate" line: minutes on this GPU (``gpu``: ``runtime.gpu_info()``) when it is one of
+    the cards the model knows, else on the preset's card, against the session budget."""
+    here = hardware.card_of(gpu["name"]) if gpu else None
+    e = estimate(preset, lesson, params, here)
+    where = f"this {e['card']}" if here else f"the {e['card']}"
     if e["minutes"] is None:
-        return f"none on the {e['card']}: unmeasured phases ({', '.join(e['unmeasured'])})"
+        return f"none on {where}: unmeasured phases ({', '.join(e['unmeasured'])})"
     over = e["minutes"] > sizing.BUDGET_MINUTES
-    return (f"at most {e['minutes']:.0f} min on the {e['card']} (budget {sizing.BUDGET_MINUTES}"
+    return (f"at most {e['minutes']:.0f} min on {where} (budget {sizing.BUDGET_MINUTES}"
             f"{': over it' if over else ''}; upper bound, README's GPU estimates)")
 
 
@@ -305,6 +310,9 @@ def _auto(lesson: str, overrides: dict) -> str:
               f"{name!r} cannot download its model/data; using 'tiny' (set HF_ENDPOINT={runtime.DEFAULT_MIRROR} "
               "for the mirror).")
         return "tiny"
+    spec, bf16 = PRESETS[name], ", bf16" if info["bf16"] else ", no bf16"
+    print(f"[presets] auto: {info['name']} ({info['total_gb']:g} GB{bf16}) -> {name!r}, the largest preset it fits "
+          f"(at least {spec['min_gpu_gb']:g} GB{' and bf16' if spec['bf16'] else ''})")
     return name
 
 

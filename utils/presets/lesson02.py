@@ -6,7 +6,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "n_train":                (2000,  7473,   7473,   7473),
-    "n_test":                 (200,   500,    1319,   1319),
+    "n_test":                 (200,   300,    300,    300),
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
     "max_length":             (160,   512,    512,    512),     # tokens per example (and per packed row)
     "max_new_tokens":         (96,    256,    256,    256),

@@ -8,12 +8,12 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (120,   300,    300,    300),     # lesson 01's recipe (tiny: twice as long)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: twice as long)
     "verbose_share":          (0.5,   0.5,    0.5,    0.5),     # SFT answers opening with a filler sentence
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working (as in lesson 04)
-    "n_prompts":              (192,   2000,   2000,   2000),    # training prompts sampled on-policy
-    "n_heldout":              (200,   200,    200,    200),     # held-out prompts: preference accuracy and KL
-    "n_test":                 (200,   500,    1319,   1319),
+    "n_prompts":              (192,   200,    300,    300),    # training prompts sampled on-policy
+    "n_heldout":              (200,   100,    100,    100),    # held-out prompts: preference accuracy and KL
+    "n_test":                 (200,   200,    200,    200),
     "n_samples":              (8,     4,      4,      4),       # answers per prompt to choose pairs from
     "temperature":            (1.0,   0.8,    0.8,    0.8),
     "max_new_tokens":         (96,    256,    256,    256),
@@ -21,7 +21,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "batch_size":             (8,     4,      4,      4),       # preference pairs per forward/backward
     "grad_accum":             (1,     4,      4,      4),
     "learning_rate":          (1e-4,  5e-5,   5e-5,   5e-5),    # tiny: full model; GPU tiers: LoRA (full: ~5e-7)
-    "max_steps":              (20,    200,    200,    200),
+    "max_steps":              (20,    40,     40,     40),
     "warmup_ratio":           (0.05,  0.05,   0.05,   0.05),
     "beta":                   (0.5,   0.1,    0.1,    0.1),     # tiny: the sweep's largest, the least KL
     "betas":                  (BETAS, BETAS,  BETAS,  BETAS),   # the beta sweep

@@ -6,11 +6,11 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (120,   300,    300,    300),     # lesson 01's recipe (tiny: twice as long, as lesson 03)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: twice as long, as lesson 03)
     "verbose_share":          (0.5,   0.5,    0.5,    0.5),     # SFT answers opening with a filler sentence (lesson 03)
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working (lesson 03)
-    "n_prompts":              (192,   2000,   2000,   2000),    # training prompts sampled on-policy for pairs
-    "n_heldout":              (200,   200,    200,    200),     # held-out prompts: pairs and probes
+    "n_prompts":              (192,   300,    300,    300),    # training prompts sampled on-policy for pairs
+    "n_heldout":              (200,   100,    100,    100),    # held-out prompts: pairs and probes
     "n_samples":              (8,     4,      4,      4),       # answers per prompt to choose pairs from
     "temperature":            (1.0,   0.8,    0.8,    0.8),
     "max_new_tokens":         (96,    256,    256,    256),
@@ -18,7 +18,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "batch_size":             (8,     4,      4,      4),       # preference pairs per forward/backward
     "grad_accum":             (1,     4,      4,      4),
     "learning_rate":          (1e-4,  5e-5,   5e-5,   5e-5),    # RewardConfig's default is 1e-4
-    "max_steps":              (40,    300,    300,    300),     # reward-model optimizer steps
+    "max_steps":              (40,    40,     40,     40),     # reward-model optimizer steps
     "warmup_ratio":           (0.05,  0.05,   0.05,   0.05),
     "center_rewards_coefficient": (0.01, 0.01, 0.01,  0.01),    # TRL's recommended value: rewards centred on 0
     "use_lora":               (False, True,   True,   True),    # LoRA: task_type SEQ_CLS, the score head trained fully
@@ -31,7 +31,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "save_steps":             (0,     50,     50,     50),
     "logging_steps":          (5,     10,     10,     10),
     "rl_pool":                (2000,  7473,   7473,   7473),    # sections 7-12, verl's names: the RL runs' prompt pool
-    "rl_iterations":          (15,    200,    200,    200),     # rollout + update rounds
+    "rl_iterations":          (15,    30,     30,     30),     # rollout + update rounds
     "rl_prompts":             (12,    16,     32,     64),      # prompts per rollout (data.train_batch_size)
     "rl_samples":             (4,     4,      4,      4),       # responses per prompt (rollout.n)
     "rl_minibatches":         (2,     4,      4,      4),       # updates per rollout (batch / ppo_mini_batch_size)
@@ -44,7 +44,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "clip_ratio":             (0.2,   0.2,    0.2,    0.2),     # actor.clip_ratio (low = high)
     "cliprange_value":        (0.5,   0.5,    0.5,    0.5),     # critic.cliprange_value (verl's default)
     "entropy_coeff":          (0.0,   0.0,    0.0,    0.0),     # actor.entropy_coeff (verl's default: no bonus)
-    "overopt_iterations":     (30,    200,    200,    200),     # section 12: rounds against the reward model
+    "overopt_iterations":     (30,    30,     30,     30),     # section 12: rounds against the reward model
     "overopt_prompts":        (6,     16,     32,     64),      # section 12: prompts per rollout
     "overopt_kl_coef":        (0.0,   0.0,    0.0,    0.0),     # section 12: no KL, the fewest steps to over-optimise
 }

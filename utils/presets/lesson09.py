@@ -7,10 +7,10 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (50,    300,    300,    300),     # both SFTs: lesson 01's recipe, the same steps
+    "sft_steps":              (50,    150,    150,    150),    # both SFTs: lesson 01's recipe, the same steps
     "sft_batch_size":         (32,    4,      8,      4),       # lesson 01's batch halved on GPUs: twice its
     "sft_grad_accum":         (1,     8,      4,      8),       # max_length (its batch ran out of memory)
-    "n_test":                 (250,   300,    1319,   1319),    # held-out problems of every accuracy
+    "n_test":                 (250,   100,    100,    100),    # held-out problems of every accuracy
     "max_new_tokens":         (80,    256,    256,    256),     # one assistant turn
     "max_turns":              (8,     8,      8,      8),       # assistant turns per rollout (TRL: tool iterations + 1)
     "max_length":             (512,   1024,   1024,   1024),    # prompt + every turn, the tiny model's context
@@ -22,16 +22,16 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (160,   512,    512,    512),     # every turn and tool result of one rollout
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),    # LoRA adapters
-    "max_steps":              (4,     100,    100,    100),     # GRPO with tools, optimizer steps
+    "max_steps":              (4,     30,     30,     30),     # GRPO with tools, optimizer steps
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default
     "call_cost":              (0.1,   0.1,    0.1,    0.1),     # reward lost per call beyond the reference's steps
     "hack_bonus":             (0.5,   0.5,    0.5,    0.5),     # the naive shaping: reward per call
-    "hack_steps":             (8,     30,     30,     30),
+    "hack_steps":             (8,     10,     10,     10),
     "hack_prompts":           (4,     8,      16,     16),      # prompts per step of the hack run (x G rollouts)
     "hack_learning_rate":     (5e-3,  5e-5,   5e-5,   5e-5),    # 5x the real run: the exploit shows quickly
-    "turn_prompts":           (8,     32,     32,     32),      # per-turn vs per-trajectory credit: prompts x G
+    "turn_prompts":           (8,     16,     16,     16),     # per-turn vs per-trajectory credit: prompts x G
     "use_lora":               (True,  True,   True,   True),
     "lora_r":                 (16,    16,     16,     16),
     "lora_alpha":             (32,    32,     32,     32),
@@ -39,7 +39,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "lora_target_modules":    (ATT,   ALL,    ALL,    ALL),
     "eval_batch_size":        (250,   32,     64,     64),
     "gradient_checkpointing": (False, True,   True,   True),
-    "save_steps":             (0,     50,     50,     50),
+    "save_steps":             (0,     10,     10,     10),
     "logging_steps":          (1,     5,      5,      5),
     "use_vllm":               (False, False,  False,  False),
 }

@@ -18,6 +18,14 @@ CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_sha
 # step): the twin's figures hold for the phases it measured, and those keys are not in them.
 UNTWINNED_KEYS = ("hand_steps", "hand_prompts")
 
+# Keys that set how many times a measured unit runs (steps, iterations, problems, seeds), not how large it is: the
+# twins run a few steps of each phase whatever they are, so a preset cut to a session keeps its measurement (the
+# time estimate, utils/presets/sizing.py, multiplies the units by these counts).
+COUNT_KEYS = ("max_steps", "sft_steps", "hack_steps", "n_train", "n_test", "n_prompts", "n_heldout", "seeds",
+              "rl_pool", "rl_iterations", "overopt_iterations", "ttc_problems", "prm_problems", "beam_max_steps",
+              "refine_rounds", "sampled_eval_prompts", "sweep_prompts", "qlora_steps", "throughput_steps",
+              "ppl_problems", "turn_prompts", "eval_steps", "save_steps", "logging_steps")
+
 # Keys added after the twins were measured, with the value that runs exactly what was measured: a preset
 # holding that value keeps its measurement (any other value changes the run, so the digest changes).
 MEASURED_DEFAULTS = {"decode_rollout": False}
@@ -25,10 +33,12 @@ MEASURED_DEFAULTS = {"decode_rollout": False}
 
 def params_digest(params: dict) -> str:
     """A short hash of a lesson's preset parameters (the model, checked separately, the
-    :data:`CONTENT_KEYS`, the :data:`UNTWINNED_KEYS` and keys at their :data:`MEASURED_DEFAULTS` value
-    excluded): when it differs from the digest stored with a measurement, the preset changed after it was measured."""
+    :data:`CONTENT_KEYS`, the :data:`UNTWINNED_KEYS`, the :data:`COUNT_KEYS` and keys at their
+    :data:`MEASURED_DEFAULTS` value excluded): when it differs from the digest stored with a measurement, the
+    preset changed after it was measured."""
     body = {k: v for k, v in params.items()
-            if k not in CONTENT_KEYS + UNTWINNED_KEYS and not (k in MEASURED_DEFAULTS and v == MEASURED_DEFAULTS[k])}
+            if k not in CONTENT_KEYS + UNTWINNED_KEYS + COUNT_KEYS
+            and not (k in MEASURED_DEFAULTS and v == MEASURED_DEFAULTS[k])}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
