@@ -13,7 +13,7 @@ import torch
 from utils import presets, runtime
 from utils.constants import TINY_MODEL_DIR, TWIN_MEASUREMENTS
 from utils.course import twin_lessons, twins
-from utils.presets import measured
+from utils.presets import measured, sizing
 
 # Parameter counts the model cards state (total, non-embedding), in billions, as rounded there.
 MODEL_CARDS = {
@@ -137,13 +137,11 @@ def test_lesson09_measures_on_a_cpu_twin_with_the_real_tokenizer(tmp_path):
 
 
 def test_lesson09_counts_its_turn_batches():
-    from utils.course import twin_agent
-
     cfg = presets.LessonConfig(preset="24g", lesson="09", device="cpu", dtype=torch.float32, model_label="twin",
                                params=dict(presets.PRESETS["24g"]["lessons"]["09"]))
-    assert twin_agent.rollout_turns(cfg) == 4                       # (1024 - 160) / 256 tokens, rounded up
-    # 100 / 64 -> 2 batches: 3 passes without the tool, 3 with up to 4 turns; 16 x 8 credit rollouts in 2 batches
-    assert twins.rollout_evaluations(cfg) == 2 * (3 + 3 * 4) + 2 * 4
+    assert sizing.rollout_turns(cfg.params) == 3             # (1024 - 160 - 215) / 256 tokens, rounded up
+    # 100 / 64 -> 2 batches: 3 passes without the tool, 3 with up to 3 turns; 16 x 8 credit rollouts in 2 batches
+    assert twins.rollout_evaluations(cfg) == 2 * (3 + 3 * 3) + 2 * 3
 
 
 def test_lesson09_sft_holds_no_more_tokens_per_forward_than_lesson01_measured():

@@ -5,25 +5,18 @@ The twin carries the preset's **real** tokenizer and chat template (``twins.buil
 with :mod:`.qwen_tokenizers`), since the tool turns are rendered with Qwen's markup. A random model never
 writes a tool call, so each rollout is one turn of ``max_new_tokens`` and each GRPO completion one turn of
 ``max_completion_length``: the time per turn is measured, and ``twins`` counts the turns a trained model makes
-as at most what ``max_length`` leaves room for (:func:`rollout_turns`)."""
+as at most what ``max_length`` leaves room for (:func:`utils.presets.sizing.rollout_turns`)."""
 from __future__ import annotations
 
-import math
 import re
 
 import torch
 
 from .. import presets
 from .twin_judges import _lesson_defs
-from .twin_lessons import PROMPT_TOKENS, Phases, _Clock, _load, _train_sft, problems
+from .twin_lessons import Phases, _Clock, _load, _train_sft, problems
 
 NOTEBOOK = "09_agentic_rl.ipynb"
-
-
-def rollout_turns(cfg) -> int:
-    """Turns of ``max_new_tokens`` a rollout can generate before its ``max_length`` is full (an upper bound on a
-    trained model's turns, which the lesson's ``rollout`` also stops at ``max_turns``)."""
-    return max(1, min(cfg.max_turns, math.ceil((cfg.max_length - PROMPT_TOKENS) / cfg.max_new_tokens)))
 
 
 def lesson09(cfg, tokenizer, out, steps, resolve=presets.resolve):

@@ -37,10 +37,10 @@ import torch
 
 from .. import presets, runtime
 from ..constants import TINY_MODEL_DIR
-from ..presets import measured
+from ..presets import measured, sizing
 from ..presets.hardware import ARCHITECTURES
 from . import twin_lessons
-from .twin_agent import lesson09, rollout_turns
+from .twin_agent import lesson09
 from .twin_judges import beam_problems, lesson07, lesson08
 from .twin_lessons import lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
 
@@ -132,10 +132,12 @@ def _training_steps(cfg, lesson: str) -> dict:
 def rollout_evaluations(cfg) -> int:
     """Lesson 09's turn batches: six passes over ``n_test`` (the plain model, the trace model with and without the
     tool, the GRPO model with and without it, the hacked model with it; those with the tool up to
-    :func:`.twin_agent.rollout_turns` turns each) and the credit section's ``turn_prompts x num_generations``."""
+    :func:`utils.presets.sizing.rollout_turns` turns each) and the credit section's ``turn_prompts x
+    num_generations``."""
     batches = math.ceil(cfg.n_test / cfg.eval_batch_size)
     credit = math.ceil(cfg.turn_prompts * cfg.num_generations / cfg.eval_batch_size)
-    return batches * (3 + 3 * rollout_turns(cfg)) + credit * rollout_turns(cfg)
+    turns = sizing.rollout_turns(cfg.params)
+    return batches * (3 + 3 * turns) + credit * turns
 
 
 def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve,

@@ -275,9 +275,15 @@ def _lesson08(p, one):
             _eval(p, p["ttc_problems"], "self-refinement", ("08", "sampled eval"), calls=p["refine_rounds"])]
 
 
+def rollout_turns(p: dict) -> int:
+    """Turns of ``max_new_tokens`` a lesson-09 rollout can generate before its ``max_length`` is full after a prompt
+    with the tool schema: an upper bound on a trained model's turns (the rollout also stops at ``max_turns``)."""
+    room = p["max_length"] - PROMPT_TOKENS - TOOL_PROMPT_TOKENS
+    return max(1, min(p["max_turns"], math.ceil(room / p["max_new_tokens"])))
+
+
 def _lesson09(p, one, four):
-    prompt = PROMPT_TOKENS + TOOL_PROMPT_TOKENS
-    turns = max(1, min(p["max_turns"], math.ceil((p["max_length"] - prompt) / p["max_new_tokens"])))
+    prompt, turns = PROMPT_TOKENS + TOOL_PROMPT_TOKENS, rollout_turns(p)
     per_step = p["sft_batch_size"] * p["sft_grad_accum"]
     return [{**_sft(one, 2 * p["sft_steps"], p["max_length"], per_step), "label": "plain and trace SFT (lesson 01's "
              "recipe at twice its max_length; measured as lesson 01's)"},
