@@ -32,8 +32,9 @@ PARTS = {
     "classes graded (grader, red team)": (290, ("tests/test_grade.py", "tests/test_redteam.py", "tests/test_speed.py")),
     "nbgrader and verl (side venvs)": (60, ("tests/test_nbgrader.py", "tests/test_verl*.py")),
     "side venv installs": (120, ()),                    # only on a cold cache (~/.cache/post-training-course)
+    "twins and Ctrl-C, end to end": (60, ("tests/test_twins.py", "tests/test_interrupt.py")),
     "other slow tests": (20, ()),
-    "unit tests (make test-fast)": (230, ()),
+    "unit tests (make test-fast)": (170, ()),
 }
 # The parts but the installs sum to SUITE_BUDGET_S (a test says so). Measured from a fresh clone (README), the
 # lessons beside the other tests: the wait for the lessons 582 s, labs 144, classes graded 286, nbgrader and verl

@@ -14,6 +14,7 @@ def test_each_test_goes_to_one_part_by_its_markers_and_file():
     assert budget.part_of("tests/test_verl_tools.py", {"slow": 1}) == "nbgrader and verl (side venvs)"
     assert budget.part_of("tests/test_labs.py", {}) == budget.UNIT, "a test that is not slow is a unit test"
     assert budget.part_of("tests/test_sft.py", {"slow": 1}) == "other slow tests", "make test-fast leaves it out"
+    assert budget.part_of("tests/test_twins.py", {"slow": 1}) == "twins and Ctrl-C, end to end"
     assert set(budget.PARTS) >= {budget.UNIT, *budget.MOVED_FROM, *budget.MOVED_FROM.values()}
 
 

@@ -18,6 +18,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from utils.constants import REPO_ROOT
 
+pytestmark = pytest.mark.slow   # each starts a runner or a pytest session: `make test` only
 STOPPED_WITHIN_S = 15   # seconds from SIGINT to exit: the runner kills the kernel at once; generous for a busy machine
 
 

@@ -141,6 +141,21 @@ def test_an_unreadable_spec_says_what_to_do(spec):
         presets.resolve("24g", lesson="04")
 
 
+def test_the_rehearsals_kernel_runs_one_thread_on_a_heap_that_keeps_its_blocks(tmp_path, monkeypatch):
+    from utils.course import run
+
+    seen = []
+    monkeypatch.setattr(rehearsal, "write_spec", lambda preset, path, cache_dir=None: path)
+    monkeypatch.setattr(run, "execute_lesson", lambda notebook, out, preset, resume=False: seen.append(
+        {k: run.os.environ.get(k) for k in rehearsal.KERNEL_ENV_DEFAULTS}) or {"status": "ok"})
+    for key in rehearsal.KERNEL_ENV_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")            # what the user set stays
+    rehearsal.rehearse("24g", ["04_grpo.ipynb"], tmp_path)
+    assert seen == [{**rehearsal.KERNEL_ENV_DEFAULTS, "OMP_NUM_THREADS": "3"}]
+    assert run.os.environ["OMP_NUM_THREADS"] == "3" and "MALLOC_MMAP_MAX_" not in run.os.environ, "restored after"
+
+
 def test_the_report_says_what_a_cpu_replaces():
     fp16 = rehearsal.report("t4-16g", [{"lesson": "04_grpo", "pass": "first", "status": "ok", "wall_s": 3.0,
                                         "error": None}])

@@ -95,6 +95,7 @@ PHASES = {
 }   # lesson 09's twin carries the real tokenizer: test_lesson09_measures_on_a_cpu_twin_with_the_real_tokenizer
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 @pytest.mark.parametrize("lesson", sorted(PHASES))
 def test_each_lesson_measures_on_a_cpu_twin(lesson, small_twin, tmp_path):
     record = twins.measure_lesson("24g", lesson, small_twin, tmp_path, steps=2, resolve=small_resolve)
@@ -105,6 +106,7 @@ def test_each_lesson_measures_on_a_cpu_twin(lesson, small_twin, tmp_path):
     assert record["params_digest"] == measured.params_digest(presets.PRESETS["24g"]["lessons"][lesson])
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 def test_only_the_phases_asked_for(small_twin, tmp_path):
     record = twins.measure_lesson("24g", "04", small_twin, tmp_path, steps=2, resolve=small_resolve,
                                   only=["capstone grpo_step"])
@@ -112,6 +114,7 @@ def test_only_the_phases_asked_for(small_twin, tmp_path):
     assert set(record["training_minutes"]) == {"capstone grpo_step"}
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 def test_lesson07_runs_the_lessons_own_loop(small_twin, tmp_path):
     """The PPO phase executes the notebook's rl-setup and rl-loop cells: its clock has the lesson's four parts."""
     record = twins.measure_lesson("24g", "07", small_twin, tmp_path, steps=2, resolve=small_resolve)
@@ -120,6 +123,7 @@ def test_lesson07_runs_the_lessons_own_loop(small_twin, tmp_path):
     assert ppo["seconds"] == pytest.approx(sum(ppo["parts"].values()), abs=0.03)
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 def test_lesson09_measures_on_a_cpu_twin_with_the_real_tokenizer(tmp_path):
     """Lesson 09's twin renders tool turns in Qwen's markup: it carries the real tokenizer and chat template (Qwen3's
     on 24g, whose rollouts render with TRL's training template) and runs the lesson's rollout and grpo_trainer."""
@@ -171,6 +175,7 @@ def test_lesson_defs_define_the_lessons_functions_without_running_its_experiment
     assert twin_judges.beam_problems(small_resolve("80g", "08", eval_batch_size=64, beam_width=4, beam_expand=4)) == 4
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_path):
     """The tool caps every training phase at `steps` (the preset's max_steps would take hours on a GPU)."""
     tok = __import__("transformers").AutoTokenizer.from_pretrained(small_twin)
@@ -180,6 +185,7 @@ def test_sft_phase_trains_the_given_steps_not_the_preset_max(small_twin, tmp_pat
     assert trainer.state.global_step == 2 and cfg.max_steps == 150
 
 
+@pytest.mark.slow   # builds and runs a twin: `make test` only (tests/budget.py)
 def test_a_failing_lesson_is_reported_not_raised(small_twin, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA out of memory (simulated)")

@@ -44,6 +44,15 @@ CACHE_DIR = Path(os.environ.get("COURSE_REHEARSAL_CACHE",
 BUILD_VERSION = "5"               # part of the cached folders' names: bump when a build changes
 GSM8K_STANDIN_SIZE = {"train": 64, "test": 32}
 FIT_STEPS = 600                   # the stand-in model's fit to the stand-in's training answers (standin_model)
+# The rehearsal's kernel (set unless the user set them): one CPU thread, and glibc's heap keeps what it frees.
+# A stand-in's logits span Qwen's 151,936-token vocabulary, a few hundred MB per batch: glibc maps each such block
+# afresh (mmap) and unmaps it when freed, and every first touch of a fresh page faults (a two-thread process also
+# pays the other core's TLB flush on every unmap). Measured on 2 cores, lesson 07 on 24g's path: alone on two
+# threads 103 s (119 s user and 63 s system CPU time); two such rehearsals side by side 276 and 261 s (the second
+# with this heap: 4 s of system time instead of 54); two side by side on one thread each with this heap, 98 and
+# 100 s (95 s of CPU each). Nothing a rehearsal records is compared, so its thread count is free to choose.
+KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                       "MALLOC_TOP_PAD_": str(256 << 20)}
 
 # The stand-in's shape: the architecture's own fields, shrunk (vocabulary, tied embeddings, norms, rope and
 # the model type stay the preset's). head_dim is given because Qwen3's config sets it apart from the width.
@@ -238,6 +247,8 @@ def rehearse(preset: str, lessons, out_dir: Path, resume: bool = False, cache_di
     spec = write_spec(preset, out_dir / "rehearsal.json", cache_dir)
     results = []
     saved = os.environ.get(presets.REHEARSAL_ENV)
+    unset = [key for key in KERNEL_ENV_DEFAULTS if key not in os.environ]
+    os.environ.update({key: KERNEL_ENV_DEFAULTS[key] for key in unset})   # the kernel inherits them
     os.environ[presets.REHEARSAL_ENV] = str(spec.resolve())
     try:
         for notebook in lessons:
@@ -247,6 +258,8 @@ def rehearse(preset: str, lessons, out_dir: Path, resume: bool = False, cache_di
                 if result["status"] != "ok":
                     break
     finally:
+        for key in unset:
+            os.environ.pop(key, None)
         if saved is None:
             os.environ.pop(presets.REHEARSAL_ENV, None)
         else:
