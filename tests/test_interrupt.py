@@ -17,9 +17,11 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from utils.constants import REPO_ROOT
+from utils.course import speed
 
 pytestmark = pytest.mark.slow   # each starts a runner or a pytest session: `make test` only
-STOPPED_WITHIN_S = 15   # seconds from SIGINT to exit: the runner kills the kernel at once; generous for a busy machine
+STOPPED_WITHIN_S = 15   # seconds from SIGINT to exit on the reference machine (the runner kills the kernel at once),
+                        # stretched by its measured slowdown (utils.course.speed) on a busy one
 
 
 def _endless_lesson(folder: Path) -> tuple[Path, Path]:
@@ -43,9 +45,10 @@ def _kernels_of(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def _interrupt_when_running(cmd: list[str], log: Path, marker: Path) -> tuple[int, float, list]:
+def _interrupt_when_running(cmd: list[str], log: Path, marker: Path) -> tuple[int, float, list, int]:
     """Start ``cmd`` (output to ``log``) in a new process group, SIGINT the group once ``marker`` exists (the
-    endless cell runs); return (exit status, seconds from SIGINT to exit, its kernels still alive after it)."""
+    endless cell runs); return (exit status, seconds from SIGINT to exit, its kernels still alive after it, the
+    limit on those seconds)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -58,12 +61,13 @@ def _interrupt_when_running(cmd: list[str], log: Path, marker: Path) -> tuple[in
             time.sleep(0.2)
         kernels = _kernels_of(psutil.Process(proc.pid))
         assert kernels, "no kernel found under the command"
+        limit = speed.scaled(STOPPED_WITHIN_S)   # this moment's load counts
         sent = time.time()
         os.killpg(proc.pid, signal.SIGINT)
         status = proc.wait(timeout=120)
         took = time.time() - sent
         _, alive = psutil.wait_procs(kernels, timeout=2)
-        return status, took, alive
+        return status, took, alive, limit
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -76,9 +80,9 @@ def test_ctrl_c_stops_the_runner_and_its_kernel(tmp_path):
     lesson, marker = _endless_lesson(tmp_path / "nb")
     cmd = [sys.executable, "-m", "utils", "run", "01", "--preset", "tiny", "--notebooks", str(lesson.parent),
            "--out", str(tmp_path / "out")]
-    status, took, alive = _interrupt_when_running(cmd, tmp_path / "run.txt", marker)
+    status, took, alive, limit = _interrupt_when_running(cmd, tmp_path / "run.txt", marker)
     assert status == 130, f"exit status {status}, expected 130 (interrupted)"
-    assert took < STOPPED_WITHIN_S, f"stopped {took:.1f} s after Ctrl-C"
+    assert took < limit, f"stopped {took:.1f} s after Ctrl-C (limit {limit} s)"
     assert not alive, f"kernels left running: {[k.pid for k in alive]}"
     assert "interrupted after 0 of 1 lessons" in (tmp_path / "run.txt").read_text()
 
@@ -97,8 +101,8 @@ def test_ctrl_c_stops_pytest_in_a_lesson_execution(tmp_path, workers):
                     "def test_after():\n    pass\n")
     log = tmp_path / "pytest.txt"
     cmd = [sys.executable, "-m", "pytest", str(test), "-p", "no:cacheprovider", "-v", "--rootdir", str(REPO_ROOT)]
-    status, took, alive = _interrupt_when_running(cmd, log, marker)
+    status, took, alive, limit = _interrupt_when_running(cmd, log, marker)
     assert status == 2, f"pytest exit status {status}, expected 2 (interrupted):\n{log.read_text()[-2000:]}"
     assert "KeyboardInterrupt" in log.read_text() and "test_after" not in log.read_text(), log.read_text()[-2000:]
-    assert took < STOPPED_WITHIN_S, f"stopped {took:.1f} s after Ctrl-C"
+    assert took < limit, f"stopped {took:.1f} s after Ctrl-C (limit {limit} s)"
     assert not alive, f"kernels left running: {[k.pid for k in alive]}"
