@@ -233,7 +233,8 @@ class LessonRuns:
 
     def headline(self, lesson: str) -> list[dict]:
         """The lesson's headline read from its records (``utils.headlines.rows``), after checking that it
-        declared one with a ``tiny`` time target and that its run recorded every value and error it names."""
+        declared one with a ``tiny`` time target and that its run recorded every value and error it names, and,
+        where it pairs its changes, every stage's per-problem scores, whose mean is the stage's value."""
         records = self.records(lesson)
         declaration = records.get(f"{lesson}/headline")
         assert declaration, f"lesson {lesson} declares no headline (utils.headline(...) after its records)"
@@ -242,6 +243,14 @@ class LessonRuns:
         for row in rows:
             assert all(s["value"] is not None for s in row["stages"]), f"{row['name']}: a value was not recorded"
             assert "not recorded" not in row["noise"], f"{row['name']}: {row['noise']}"
+            entry = next(e for e in headlines.check(declaration)["results"] if e["name"] == row["name"])
+            for s in row["stages"]:
+                if s["label"] in entry.get("per_problem", {}):
+                    scores = s["per_problem"]
+                    assert scores is not None, f"{row['name']}, {s['label']}: no per-problem scores fit the n"
+                    # (to float32's precision: a lesson may average its scores with torch)
+                    assert sum(scores) / len(scores) == pytest.approx(s["value"], abs=1e-6), \
+                        f"{row['name']}, {s['label']}: the per-problem scores' mean is not the value"
         return rows
 
 

@@ -58,6 +58,10 @@ def test_evaluate_metrics(model_and_tokenizer):
     assert res["accuracy"] == pytest.approx(res["pass@1"])
     assert len(res["completions"]) == 16 and all(len(c) == 4 for c in res["completions"])
     assert set(res["accuracy_by_difficulty"]) <= {1, 2, 3}
+    # each problem's share of right and of well-formatted samples, in the problems' order
+    assert res["by_problem"]["accuracy"] == [c / 4 for c in res["n_correct"]]
+    assert sum(res["by_problem"]["format_compliance"]) / 16 == pytest.approx(res["format_compliance"])
+    assert all(len(v) == 16 and all(x in (0, 0.25, 0.5, 0.75, 1) for x in v) for v in res["by_problem"].values())
     greedy = evaluation.evaluate(model, tok, probs, fmt="plain", max_new_tokens=64, progress=False)
     assert greedy["accuracy"] == sum(greedy["n_correct"]) / 16
     with pytest.raises(ValueError, match="greedy"):

@@ -148,7 +148,9 @@ def test_feedback_per_student(graded):
     assert "**Score: 12 / 12** for the graded checks" in alice and "self-reported" in alice
     assert "## Written questions" in alice and ": answered" in alice
     assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
-    assert "  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 1.0 pts" in alice
+    # the change is paired over the same problems (every one of them moved: Agresti and Min's error, not 0)
+    assert ("  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 0.9 pts   [SE over 200 "
+            "problems; changes paired over them]") in alice
     assert (fb / "alice" / "figure-1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bob = (fb / "bob.md").read_text()
     assert "hidden test: pad with the given pad_token_id" in bob, "a hidden test's message reaches the student"

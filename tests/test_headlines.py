@@ -78,6 +78,85 @@ def test_the_seeds_spread_adds_to_the_binomial_error_when_several_seeds_ran():
     assert headlines.difference(row, 1)["se"] is not None
 
 
+def test_paired_standard_error_on_known_values_and_mcnemars_form():
+    # differences 0, 1, 0, -1: (2 + 1 - 0 / 6) / 6^2
+    assert headlines.paired_se([1, 0, 1, 1], [1, 1, 1, 0]) == pytest.approx(math.sqrt(3) / 6)   # 0.289
+    # 1/0 scores: c problems right only under b, e only under a, n in all: Agresti and Min's Wald+2 error
+    n, c, e = 500, 23, 9
+    a = [0] * c + [1] * e + [1] * 100 + [0] * (n - c - e - 100)
+    b = [1] * c + [0] * e + [1] * 100 + [0] * (n - c - e - 100)
+    assert headlines.paired_se(a, b) == pytest.approx(math.sqrt((c + e + 1) - (c - e) ** 2 / (n + 2)) / (n + 2))
+    # ... close to the plain paired error, sd(d) / sqrt(n), on this many problems
+    d = [y - x for x, y in zip(a, b)]
+    plain = math.sqrt(sum((x - sum(d) / n) ** 2 for x in d) / (n - 1) / n)
+    assert headlines.paired_se(a, b) == pytest.approx(plain, rel=0.02)
+    # every problem moving the same way is not shown as exact (as Agresti-Coull does for a share)
+    assert headlines.paired_se([0] * 200, [1] * 200) == pytest.approx(math.sqrt(201 - 200 ** 2 / 202) / 202)   # 0.0086
+    assert headlines.paired_se([0.5, 0.25], [0.5, 0.25]) == pytest.approx(1 / 4)    # no difference: sqrt(1) / 4
+    with pytest.raises(ValueError, match="same n >= 1"):
+        headlines.paired_se([1, 0], [1])
+
+
+def test_clustered_standard_error_on_known_values():
+    # p = 3/4; residuals 3 - 0.75 * 3 = 0.75 and 0 - 0.75 = -0.75: sqrt(2 * 1.125) / 4
+    assert headlines.clustered_se([3, 0], [3, 1]) == pytest.approx(0.375)
+    # one item per problem: the Wald error with n - 1
+    hits = [1] * 30 + [0] * 70
+    assert headlines.clustered_se(hits, [1] * 100) == pytest.approx(math.sqrt(0.3 * 0.7 / 99))
+    # ten problems of ten steps, each all right or all wrong: the error of ten items, not of a hundred
+    assert headlines.clustered_se([10] * 3 + [0] * 7, [10] * 10) == pytest.approx(math.sqrt(0.3 * 0.7 / 9))
+    with pytest.raises(ValueError, match="K >= 2"):
+        headlines.clustered_se([1], [1])
+
+
+PAIRED = {**ACCURACY, "per_problem": {"SFT": "sft_right", "GRPO": "grpo_right"}}
+
+
+def test_a_change_on_the_same_problems_is_paired():
+    # SFT right on 31 of 500 problems, GRPO on the same 31 and 70 more (0.062 -> 0.202)
+    records = {**RECORDS, "04/sft_right": [1] * 31 + [0] * 469, "04/grpo_right": [1] * 101 + [0] * 399}
+    (row,) = headlines.rows(decl(PAIRED), records)
+    d = headlines.difference(row, 1)
+    assert d["paired"] and d["delta"] == pytest.approx(14.0)
+    assert d["se"] == pytest.approx(100 * math.sqrt(71 - 70 ** 2 / 502) / 502)   # Wald+2: 1.56 points
+    assert row["noise"] == "SE over 500 problems; changes paired over them"
+    assert [s["se"] for s in row["stages"]] == [s["se"] for s in headlines.rows(decl(ACCURACY), records)[0]["stages"]]
+    (line,) = headlines.block(decl(PAIRED), records)
+    assert line.endswith("0.062 ± 0.011 → 0.202 ± 0.018   +14.0 ± 1.6 pts   [SE over 500 problems; changes paired "
+                         "over them]")
+
+
+def test_pairing_shows_a_change_the_independent_error_calls_noise():
+    # 0.200 -> 0.230: 15 problems newly right, none lost; independent SE 2.6 pts, paired 0.76 pts
+    records = {**RECORDS, "04/sft_accuracy": 0.2, "04/grpo_accuracy": 0.23,
+               "04/sft_right": [1] * 100 + [0] * 400, "04/grpo_right": [1] * 115 + [0] * 385}
+    (plain,) = headlines.block(decl(ACCURACY), records)
+    (paired,) = headlines.block(decl(PAIRED), records)
+    assert "+3.0 ± 2.6 pts, within noise" in plain
+    assert "+3.0 ± 0.8 pts   [" in paired
+
+
+def test_the_seeds_spread_adds_to_a_paired_change():
+    entry = {**PAIRED, "seed_std": {"GRPO": "grpo_std"}, "seeds": "seeds"}
+    records = {**RECORDS, "04/seeds": 3, "04/grpo_std": 0.03,
+               "04/sft_right": [1] * 31 + [0] * 469, "04/grpo_right": [1] * 101 + [0] * 399}
+    (row,) = headlines.rows(decl(entry), records)
+    problems = headlines.paired_se(records["04/sft_right"], records["04/grpo_right"])
+    assert headlines.difference(row, 1)["se"] == pytest.approx(100 * math.sqrt(problems ** 2 + 0.03 ** 2 / 3))
+
+
+@pytest.mark.parametrize("sft_right", [
+    [1] * 31 + [0] * 468,                  # one problem short of n_test
+    ["1"] * 500, [True] * 500, [float("nan")] * 500, "1" * 500, [[1]] * 500, None,
+    [1] * (headlines.MAX_PROBLEMS + 1),
+])
+def test_per_problem_scores_that_do_not_fit_are_not_paired(sft_right):
+    records = {**RECORDS, "04/sft_right": sft_right, "04/grpo_right": [1] * 101 + [0] * 399}
+    (row,) = headlines.rows(decl(PAIRED), records)
+    assert not headlines.difference(row, 1)["paired"] and row["noise"] == "SE over 500 problems"
+    assert headlines.block(decl(PAIRED), records) == headlines.block(decl(ACCURACY), records)
+
+
 @pytest.mark.parametrize("records", [
     {},                                                                    # nothing recorded: the run stopped early
     {"04/sft_accuracy": "0.5", "04/grpo_accuracy": True, "04/n_test": -3},  # a student's notebook: any JSON
@@ -104,6 +183,9 @@ def test_missing_or_hostile_records_never_raise(records):
     (decl({"name": "a", "values": {"a": "x"}, "n": 5, "compare": "no"}), "'compare' is True"),
     (decl({"name": "a", "values": {"a": "x"}, "se": {"b": "y"}}), "stage labels"),
     (decl({"name": "a", "values": {"a": "x"}, "n": 5, "seed_std": {"a": "y"}}), "goes with 'seeds'"),
+    (decl({"name": "a", "values": {"a": "x"}, "n": 5, "per_problem": {"b": "y"}}), "'per_problem' maps stage"),
+    (decl({"name": "a", "values": {"a": "x"}, "n": 5, "per_problem": {"a": 3}}), "'per_problem' maps stage"),
+    (decl({"name": "a", "values": {"a": "x"}, "se": {"a": "s"}, "per_problem": {"a": "y"}}), "goes with 'n'"),
     (decl(ACCURACY, target=-1), "tiny_target_s"),
     (decl(ACCURACY, target=float("nan")), "tiny_target_s"),
     ("not a dict", "a headline is"),

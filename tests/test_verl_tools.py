@@ -9,6 +9,7 @@ verl's ``ToolAgentLoop`` itself is not run: it needs an inference server (uvicor
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pyarrow.parquet as pq
@@ -46,6 +47,16 @@ def test_tool_rows_config_and_overrides(tmp_path):
     ov = verl_export.tool_overrides(tmp_path / "export", max_assistant_turns=8)
     assert ov["actor_rollout_ref.rollout.multi_turn.tool_config_path"] == str(paths["tool_config"].resolve())
     assert ov["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"] == 8
+    # verl runs only the first max_parallel_calls calls of a turn (its default: 1); TRL and the lesson run them all
+    assert ov["actor_rollout_ref.rollout.multi_turn.max_parallel_calls"] >= 4
+    # verl cuts a tool text longer than the cap in its middle: no message of the calculator is that long
+    cap = ov["actor_rollout_ref.rollout.multi_turn.max_tool_response_length"]
+    worst = ["x" * 100, "\x00" + "1" * 99, "1 " + "9" * 98, "9" * 13, "(" * 11 + "1", "1+" * 60, "0.0000004", None,
+             "-" * 99 + "1", "1/0", "999999 * 999999 * 999999", "1 " + "." + "9" * 97]
+    assert all(len(calculator(w)) <= cap for w in worst), max(worst, key=lambda w: len(calculator(w)))
+    wrapper = (verl_export.TOOL_CLASS_FILE).read_text()
+    messages = re.findall(r"""(["'])(error: .*?)\1""", wrapper)
+    assert messages and all(len(m) <= cap for _, m in messages), "the verl wrapper's own messages"
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +99,7 @@ def test_verl_main_ppo_takes_the_multi_turn_overrides(verl_tools):
     mt = out["multi_turn"]
     assert mt["enable"] is True and mt["format"] == "hermes" and mt["max_assistant_turns"] == 8
     assert mt["tool_config_path"].endswith("tool_config.yaml")
+    assert mt["max_parallel_calls"] == 8 and mt["max_tool_response_length"] == 256, "verl takes the exported values"
 
 
 @pytest.mark.slow

@@ -335,7 +335,10 @@ def evaluate(model, tokenizer, problems: list[dict], *, fmt: str = "chat", n: in
 
     Returns a dict: ``accuracy``, ``format_compliance``, ``pass@k`` for each k in
     ``ks`` (default: 1 and n), ``accuracy_by_difficulty`` (when problems carry a
-    ``difficulty`` field), ``n_correct`` (per problem) and ``completions``.
+    ``difficulty`` field), ``n_correct`` (per problem), ``by_problem`` (each problem's share of right and of
+    well-formatted samples, ``{"accuracy": [...], "format_compliance": [...]}``: 1.0 or 0.0 for a greedy answer;
+    what a paired comparison of two models on the same problems reads, :func:`utils.headlines.paired_se`) and
+    ``completions``.
     """
     greedy = temperature == 0
     if greedy and n != 1:
@@ -355,6 +358,7 @@ def evaluate(model, tokenizer, problems: list[dict], *, fmt: str = "chat", n: in
         "accuracy": sum(n_correct) / (len(problems) * n),
         "format_compliance": sum(map(sum, formatted)) / (len(problems) * n),
         "n_correct": n_correct,
+        "by_problem": {"accuracy": [c / n for c in n_correct], "format_compliance": [sum(f) / n for f in formatted]},
         "completions": comps,
     }
     for k in sorted(set(ks or (1, n))):

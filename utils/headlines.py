@@ -26,6 +26,13 @@ spread of the mean, sd / sqrt(seeds), and the problems' binomial error, in quadr
 ``"of"`` names what ``n`` counts ("problems" by default). ``"compare": False`` shows the stages side by
 side without their change against the first (stages that are not a before and an after).
 
+``"per_problem"`` (stage label -> the record of that stage's score on each of the ``n`` problems, in one order
+for every stage: 1/0 for a greedy answer, the share of right samples for several) makes a change against the
+first stage *paired*: two models scored on the same problems share each problem's difficulty, so the error of
+their difference is that of the mean per-problem difference, about sd(b_i - a_i) / sqrt(n) (:func:`paired_se`),
+not the two stages' errors added as if independent, which is several times larger when most problems are
+right, or wrong, for both. It is the error over problems, not over samples, where a problem has several.
+
 :func:`headline` records the declaration as ``"NN/headline"`` and prints the block below from the
 records made so far; ``python -m utils run`` prints the same block for each lesson it ran, and the
 grader's feedback shows it for a student's self-reported run. Pure Python (no torch, no numpy).
@@ -38,11 +45,14 @@ from .records import RECORDS, record, show_records
 
 SHARE = "share"
 NOISE_KINDS = ("n", "se", "noise")
-ENTRY_KEYS = {"name", "values", "unit", "of", "seed_std", "seeds", "compare", *NOISE_KINDS}
+ENTRY_KEYS = {"name", "values", "unit", "of", "seed_std", "seeds", "compare", "per_problem", *NOISE_KINDS}
+MAX_PROBLEMS = 100_000   # a per-problem record longer than this is not read (a student's notebook: any JSON)
+PAIRED = "changes paired over them"
 FOOTNOTE = ("± is one standard error: binomial over the problems for a share (Agresti–Coull; an upper bound for a "
-            "mean over several samples per problem), with the seeds' spread added where several ran. A difference's "
-            "± treats its two sides as independent, and 'within noise' means the difference is under two of them; "
-            "for two models measured on the same problems that is conservative (a paired error would be smaller).")
+            "mean over several samples per problem), with the seeds' spread added where several ran. A change "
+            f"marked '{PAIRED}' has the standard error of the mean per-problem difference (the same problems "
+            "scored on both sides); any other change's ± treats its two sides as independent (conservative when "
+            "the problems are the same). 'Within noise' means the change is under two of its standard errors.")
 
 
 # ----------------------------------------------------------------------------- the declaration
@@ -89,6 +99,12 @@ def check(declaration) -> dict:
         for key in ("se", "seed_std"):
             if key in e and (not isinstance(e[key], dict) or set(e[key]) - set(labels)):
                 raise ValueError(f"{where}: {key!r} maps stage labels of 'values' to record names")
+        if "per_problem" in e and (not isinstance(e["per_problem"], dict) or set(e["per_problem"]) - set(labels)
+                                   or not all(isinstance(v, str) for v in e["per_problem"].values())):
+            raise ValueError(f"{where}: 'per_problem' maps stage labels of 'values' to the record of each "
+                             "problem's score (one list per stage, the same problems in the same order)")
+        if "per_problem" in e and "n" not in e:
+            raise ValueError(f"{where}: 'per_problem' pairs shares over problems: it goes with 'n'")
         if ("seed_std" in e) != ("seeds" in e) or ("seed_std" in e and "n" not in e):
             raise ValueError(f"{where}: 'seed_std' goes with 'seeds' (the record of the seed count) and 'n' "
                              "(the binomial error used when one seed ran)")
@@ -142,16 +158,57 @@ def binomial_se(p: float, n: float) -> float:
     return math.sqrt(adjusted * (1 - adjusted) / (n + 4))
 
 
+def paired_se(a: list[float], b: list[float]) -> float:
+    """Standard error of mean(b) - mean(a) for two scores of the same n >= 1 problems (``a[i]``, ``b[i]``: problem
+    i's score under each side, in [0, 1]): the spread of the per-problem differences d_i = b_i - a_i, not the two
+    sides' errors added, since a problem easy for one side is easy for the other. With Agresti and Min's (2005)
+    adjustment, half a problem added to each cell of the 2x2 table, so that a change on which every problem agrees
+    is not shown as exact (as :func:`binomial_se` does for a share): sqrt((sum d_i^2 + 1) - (sum d_i)^2 / (n + 2))
+    / (n + 2). For 1/0 scores, with c problems right only under b and e only under a, that is their "Wald+2"
+    error, sqrt((c + e + 1) - (c - e)^2 / (n + 2)) / (n + 2) (McNemar's setting). ``a = [1, 0, 1, 1]``,
+    ``b = [1, 1, 1, 0]``: sqrt(3) / 6 = 0.289; 200 problems all going from 0 to 1: 0.0086."""
+    n = len(a)
+    if n != len(b) or n < 1:
+        raise ValueError(f"paired_se needs two scores of the same n >= 1 problems, got {len(a)} and {len(b)}")
+    diffs = [y - x for x, y in zip(a, b)]
+    return math.sqrt(max(0.0, sum(d * d for d in diffs) + 1 - sum(diffs) ** 2 / (n + 2))) / (n + 2)
+
+
+def clustered_se(hits: list[float], counts: list[float]) -> float:
+    """Standard error of a share pooled over K >= 2 problems that each contribute several items (steps, samples):
+    problem k has ``counts[k]`` items of which ``hits[k]`` count. Items of one problem are not independent (an easy
+    problem's steps are all right), so the error is over problems, not items: with p = sum(hits) / sum(counts),
+    sqrt(K / (K - 1) * sum((hits_k - p counts_k)^2)) / sum(counts) (the cluster-robust error of a ratio). Each
+    problem contributing one item gives the Wald error with n - 1. ``hits = [3, 0]``, ``counts = [3, 1]``: 0.375."""
+    K = len(hits)
+    if K != len(counts) or K < 2 or sum(counts) <= 0:
+        raise ValueError(f"clustered_se needs K >= 2 problems with items: {len(hits)} hits, {len(counts)} counts")
+    p = sum(hits) / sum(counts)
+    return math.sqrt(K / (K - 1) * sum((h - p * m) ** 2 for h, m in zip(hits, counts))) / sum(counts)
+
+
+def scores_or_none(value, n: float | None) -> list[float] | None:
+    """``value`` as a list of per-problem scores (finite numbers, as many as ``n`` when it is known), or None
+    (a record may come from a student's notebook: any JSON)."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_PROBLEMS or (n and len(value) != n):
+        return None
+    out = [number_or_none(x) for x in value]
+    return None if None in out else out
+
+
 def rows(declaration: dict, records: dict) -> list[dict]:
     """Each entry of ``declaration`` evaluated on ``records`` (full keys "NN/name" or bare names):
-    ``{"name", "unit", "noise", "stages": [{"label", "value", "se"}, ...]}``; a value or error that was
-    not recorded is None."""
+    ``{"name", "unit", "noise", "stages": [{"label", "value", "se", "per_problem"}, ...]}`` (with
+    ``"seeds_var"``, the seeds' share of a stage's variance, when several seeds ran); a value or error that was
+    not recorded is None, as are per-problem scores that were not, or that do not fit ``n``."""
     flat = {k.split("/", 1)[-1]: v for k, v in records.items()}
     out = []
     for e in check(declaration)["results"]:
         unit = e.get("unit", SHARE)
         values = {label: number_or_none(flat.get(key)) for label, key in e["values"]}
         ses: dict = {label: None for label in values}
+        seeds_var: dict = {label: 0.0 for label in values}
+        scores: dict = {label: None for label in values}
         if "n" in e:
             n = number_or_none(e["n"] if isinstance(e["n"], int) else flat.get(e["n"]))
             what = e.get("of", "problems")
@@ -166,7 +223,11 @@ def rows(declaration: dict, records: dict) -> list[dict]:
                 # plus the problems' own sampling noise (which more seeds do not average away)
                 ses.update({label: math.sqrt(spread[label] ** 2 / seeds + ses[label] ** 2)
                             if ses[label] is not None else None for label in spread})
+                seeds_var.update({label: spread[label] ** 2 / seeds for label in spread})
                 noise = f"SE over {seeds:g} seeds and {n:g} {what}"
+            scores.update({label: scores_or_none(flat.get(key), n) for label, key in e.get("per_problem", {}).items()})
+            if len(values) > 1 and all(scores[label] is not None for label in values):
+                noise += f"; {PAIRED}"
         elif "se" in e:
             ses.update({label: number_or_none(flat.get(key)) for label, key in e["se"].items()})
             noise = "SE" + (f" over {e['of']}" if "of" in e else "")
@@ -174,21 +235,29 @@ def rows(declaration: dict, records: dict) -> list[dict]:
             noise = e["noise"]
         ses = {label: se if se is not None and se >= 0 else None for label, se in ses.items()}
         out.append({"name": e["name"], "unit": unit, "noise": noise, "compare": e.get("compare", True),
-                    "stages": [{"label": label, "value": values[label], "se": ses[label]} for label in values]})
+                    "stages": [{"label": label, "value": values[label], "se": ses[label], "per_problem": scores[label],
+                                "seeds_var": seeds_var[label]} for label in values]})
     return out
 
 
 def difference(row: dict, i: int) -> dict | None:
-    """Stage ``i`` against the first stage of ``row``: ``{"delta", "se", "ratio", "within_noise"}``
-    (``delta`` in points for a share), or None when a value is missing."""
+    """Stage ``i`` against the first stage of ``row``: ``{"delta", "se", "ratio", "within_noise", "paired"}``
+    (``delta`` in points for a share), or None when a value is missing. Paired (:func:`paired_se`) when both
+    stages have per-problem scores, plus the seeds' spread of each side where several seeds ran; else the two
+    stages' errors in quadrature."""
     a, b = row["stages"][0], row["stages"][i]
     if a["value"] is None or b["value"] is None:
         return None
     scale = 100.0 if row["unit"] == SHARE else 1.0
     delta = scale * (b["value"] - a["value"])
-    se = scale * math.hypot(a["se"], b["se"]) if a["se"] is not None and b["se"] is not None else None
+    paired = a.get("per_problem") is not None and b.get("per_problem") is not None
+    if paired:
+        se = scale * math.sqrt(paired_se(a["per_problem"], b["per_problem"]) ** 2
+                               + a.get("seeds_var", 0.0) + b.get("seeds_var", 0.0))
+    else:
+        se = scale * math.hypot(a["se"], b["se"]) if a["se"] is not None and b["se"] is not None else None
     ratio = b["value"] / a["value"] if row["unit"] != SHARE and a["value"] > 0 and b["value"] >= 0 else None
-    return {"delta": delta, "se": se, "ratio": ratio,
+    return {"delta": delta, "se": se, "ratio": ratio, "paired": paired,
             "within_noise": se is not None and abs(delta) < 2 * se}
 
 

@@ -1,10 +1,11 @@
 """A calculator tool for agentic RL (taught in lesson 09).
 
-``calculator(expression)`` evaluates arithmetic with its own parser: numbers, ``+ - * /`` (and
-``×``, ``÷``), unary minus and parentheses. It never calls ``eval``, never raises, and runs in
-time linear in its input, which is capped at :data:`MAX_CHARS` characters; every result is exact
-(``fractions.Fraction``) and bounded by :data:`MAX_ABS` in magnitude. What it cannot compute comes
-back as text that starts with ``"error: "`` and says why, which the model reads as the tool's
+``calculator(expression)`` evaluates arithmetic with its own parser: numbers, ``+ - * /`` (and ``×``, ``÷``;
+not ``x``, which would read ``0x10`` as 0 times 10), unary minus and parentheses. It never calls ``eval``,
+never raises, and runs in time linear in its input, which is capped at :data:`MAX_CHARS` characters; every
+result is exact (``fractions.Fraction``) and bounded by :data:`MAX_ABS` in magnitude, its numbers too. What it
+cannot compute, or could only show as a wrong value (a non-zero result that rounds to 0 at :data:`DECIMALS`
+places), comes back as text that starts with ``"error: "`` and says why, which the model reads as the tool's
 answer (a wrong call costs a turn, not the run).
 
 The function has the type hints and the Google-style docstring that ``transformers`` turns into a
@@ -23,7 +24,7 @@ MAX_DEPTH = 10             # nested parentheses
 DECIMALS = 6               # non-integer results are rounded to this many decimals
 
 _TOKEN_RE = re.compile(r"\s*(?:(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.?\d*|\.\d+)|(\S))", re.ASCII)
-_OPS = {"+": "+", "-": "-", "−": "-", "*": "*", "×": "*", "x": "*", "/": "/", "÷": "/", "(": "(", ")": ")"}
+_OPS = {"+": "+", "-": "-", "−": "-", "*": "*", "×": "*", "/": "/", "÷": "/", "(": "(", ")": ")"}
 
 
 class _Error(Exception):
@@ -75,7 +76,7 @@ def _parse(tokens: list) -> Fraction:
         tok = peek()
         if isinstance(tok, Fraction):
             pos += 1
-            return sign * tok
+            return sign * _check(tok)
         if tok == "(":
             if depth >= MAX_DEPTH:
                 raise _Error(f"parentheses nested deeper than {MAX_DEPTH}")
@@ -143,6 +144,9 @@ def calculator(expression: str) -> str:
         tokens = _tokens(expression)
         if not tokens:
             return "error: the expression is empty"
-        return format_number(_parse(tokens))
+        value = _parse(tokens)
+        if value and round(value * 10**DECIMALS) == 0:   # not 0, but it would print as 0: say so instead
+            return f"error: the result is not 0 but rounds to 0 at {DECIMALS} decimals"
+        return format_number(value)
     except _Error as err:
         return f"error: {err}"

@@ -161,14 +161,23 @@ def export_tool_task(train_problems: Iterable[dict], test_problems: Iterable[dic
     return paths
 
 
-def tool_overrides(data_dir, max_assistant_turns: int = 6, max_tool_response_length: int = 64) -> dict:
+def tool_overrides(data_dir, max_assistant_turns: int = 6, max_parallel_calls: int = 8,
+                   max_tool_response_length: int = 256) -> dict:
     """The multi-turn keys of verl 0.9.1 for :func:`export_tool_task`'s folder, for ``main_ppo_overrides(extra=)``:
-    the tool config, Hermes-style ``<tool_call>`` parsing (Qwen's format), the turn limit and the tool text's
-    cap. The rows' ``agent_name`` picks the tool agent loop; rollouts are asynchronous (0.9.1 has no sync mode)."""
+    the tool config, Hermes-style ``<tool_call>`` parsing (Qwen's format), the turn limit, the calls run per turn
+    and the tool text's cap. The rows' ``agent_name`` picks the tool agent loop; rollouts are asynchronous (0.9.1
+    has no sync mode).
+
+    ``max_parallel_calls``: TRL, and the lesson's loop, run every call of a turn; verl's tool agent loop runs the
+    first ``max_parallel_calls`` (its default: 1) and drops the rest without a result, though their tokens stay in
+    the sequence it trains on (a GSM8K line with two annotations is a turn of two calls). ``max_tool_response_length``
+    counts characters and cuts a longer result in the middle: verl's default, 256, is above every message of the
+    calculator (a test checks it), where 64 cut three of them."""
     base = "actor_rollout_ref.rollout."
     return {base + "mode": "async", base + "multi_turn.enable": True,
             base + "multi_turn.tool_config_path": str(Path(_local(data_dir)) / "tool_config.yaml"),
             base + "multi_turn.format": "hermes", base + "multi_turn.max_assistant_turns": max_assistant_turns,
+            base + "multi_turn.max_parallel_calls": max_parallel_calls,
             base + "multi_turn.max_tool_response_length": max_tool_response_length}
 
 

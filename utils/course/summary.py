@@ -93,6 +93,8 @@ def summarize(results: list[dict], out_dir: Path, show_all: bool = False) -> str
         declaration = declaration_of(r)[0]
         try:
             rows = headlines.rows(declaration, r.get("records") or {}) if declaration else None
+            for row in rows or ():   # each stage's value and error; its per-problem scores stay in the records
+                row["stages"] = [{k: s[k] for k in ("label", "value", "se")} for s in row["stages"]]
         except Exception:  # noqa: BLE001 -- as in lesson_block: the summary is written whatever a record holds
             rows = None
         saved.append({**r, "headline": rows, "tiny_target_s": (declaration or {}).get("tiny_target_s")})
