@@ -148,7 +148,7 @@ def test_the_seeds_spread_adds_to_a_paired_change():
 @pytest.mark.parametrize("sft_right", [
     [1] * 31 + [0] * 468,                  # one problem short of n_test
     ["1"] * 500, [True] * 500, [float("nan")] * 500, "1" * 500, [[1]] * 500, None,
-    [1] * (headlines.MAX_PROBLEMS + 1),
+    [1] * (headlines.MAX_PROBLEMS + 1), [1e308] * 500, [2] * 500, [-0.5] * 500,   # a share is in [0, 1]
 ])
 def test_per_problem_scores_that_do_not_fit_are_not_paired(sft_right):
     records = {**RECORDS, "04/sft_right": sft_right, "04/grpo_right": [1] * 101 + [0] * 399}

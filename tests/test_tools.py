@@ -4,7 +4,7 @@ import time
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from utils import tools
@@ -89,6 +89,7 @@ trees = st.recursive(st.integers(0, 999), lambda sub: st.tuples(st.sampled_from(
 
 @settings(max_examples=400, deadline=None)
 @given(trees)
+@example(("/", ("/", 1, 10), ("*", 253, 791)))    # 1/2001230: not 0, but 0 at six decimals
 def test_agrees_with_exact_arithmetic_on_random_trees(tree):
     """The tree's value computed directly (no parsing) against the calculator on its fully parenthesized text
     (precedence without parentheses: test_precedence_and_left_to_right)."""
@@ -104,6 +105,8 @@ def test_agrees_with_exact_arithmetic_on_random_trees(tree):
     got = calculator(text)
     if abs(want) > tools.MAX_ABS:
         assert got.startswith("error: ")
+    elif want and round(want * 10**tools.DECIMALS) == 0:   # not 0, but 0 at the decimals shown: an error, not "0"
+        assert got.startswith("error: ") and ("rounds to 0" in got or "larger than" in got), got
     elif got.startswith("error: "):          # an intermediate result may exceed the bound when the final does not
         assert "larger than" in got, got
     else:

@@ -188,12 +188,12 @@ def clustered_se(hits: list[float], counts: list[float]) -> float:
 
 
 def scores_or_none(value, n: float | None) -> list[float] | None:
-    """``value`` as a list of per-problem scores (finite numbers, as many as ``n`` when it is known), or None
-    (a record may come from a student's notebook: any JSON)."""
+    """``value`` as a list of per-problem scores (shares: numbers in [0, 1], as many as ``n`` when it is known),
+    or None (a record may come from a student's notebook: any JSON)."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_PROBLEMS or (n and len(value) != n):
         return None
     out = [number_or_none(x) for x in value]
-    return None if None in out else out
+    return None if any(x is None or not 0 <= x <= 1 for x in out) else out
 
 
 def rows(declaration: dict, records: dict) -> list[dict]:
