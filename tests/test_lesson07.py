@@ -92,14 +92,17 @@ def verdict(records, a, b, names):
     x, y = records[f"07/{a}_heldout_accuracy"], records[f"07/{b}_heldout_accuracy"]
     x_right, y_right = records[f"07/{a}_heldout_by_problem"], records[f"07/{b}_heldout_by_problem"]
     assert len(x_right) == len(y_right) == n and sum(x_right) / n == pytest.approx(x)
-    return words((x, 0.0), (y, paired_se(y_right, x_right)), names[a], names[b])
+    return said(x - y, paired_se(y_right, x_right), names[a], names[b])
+
+
+def said(d, se, name_a, name_b):
+    """The lesson's words (its difference()) for a difference d = a - b with standard error se."""
+    return "within noise" if abs(d) < 2 * se else f"{name_a if d > 0 else name_b} higher"
 
 
 def words(a, b, name_a, name_b):
-    """The lesson's words (its difference()) for a - b, each a (value, standard error): the errors in quadrature
-    (independent samples; a paired error is passed whole as b's)."""
-    se = (a[1] ** 2 + b[1] ** 2) ** 0.5
-    return "within noise" if abs(a[0] - b[0]) < 2 * se else f"{name_a if a[0] > b[0] else name_b} higher"
+    """:func:`said` for two independent estimates, each a (value, standard error): their errors in quadrature."""
+    return said(a[0] - b[0], (a[1] ** 2 + b[1] ** 2) ** 0.5, name_a, name_b)
 
 
 NAMES = {"ppo": "PPO", "reinforce_pp": "REINFORCE++", "rloo": "RLOO", "grpo": "GRPO", "rft": "RFT",
