@@ -39,14 +39,28 @@ def test_per_turn_credit_disagrees_with_per_trajectory_credit(records):
 
 
 def test_a_bonus_per_call_is_hacked_and_the_fix_is_not(records):
-    # held-out calls per answer, seeds 0, 1, 2: 1.92 -> 6.06, 1.95 -> 5.60, 1.87 -> 5.56 (the training log's calls, 4
-    # prompts per step, are too noisy to assert on); accuracy 0.472 -> 0.020, 0.412 -> 0.040, 0.380 -> 0.040; the
-    # difference -0.452 +- 0.034, -0.372 +- 0.032, -0.340 +- 0.034. (Before MKL's strict mode was pinned, seed 0's
-    # hacked run made 3.39 calls per answer: README, below the table of lessons.)
-    assert records["09/hack_calls"] > records["09/sft_calls"] + 1, "the bonus buys calls"
+    # held-out calls per answer, seeds 0, 1, 2: trace SFT 1.92 / 1.95 / 1.87 -> hacked 2.48 / 5.60 / 5.51 (the
+    # training log's calls, 4 prompts per step, are too noisy to assert on); accuracy with the tool 0.472 / 0.412 /
+    # 0.380 -> 0.272 / 0.036 / 0.064. (Seed 0's hacked run once depended on MKL's mode: README, below the table of
+    # lessons.)
+    assert records["09/hack_calls"] > records["09/sft_calls"] + 0.3, "the bonus buys calls"
     assert records["09/rl_calls"] <= records["09/sft_calls"] + 0.1, "the cost per extra call holds the calls"
     d, se = records["09/hack_minus_sft"], records["09/hack_minus_sft_se"]
     assert d < -2 * se, "and the calls crowd out right answers"
+
+
+def test_the_bonus_costs_accuracy_against_its_control(records):
+    """The control runs the hack's settings (start, seed, learning rate, steps, prompts) on the answer's reward alone:
+    the hacked run's loss against it is the bonus's, the control's loss against the start the settings'."""
+    # seeds 0, 1, 2: control 0.416 / 0.336 / 0.388 (from 0.472 / 0.412 / 0.380: -0.056 +- 0.023, -0.076 +- 0.023,
+    # +0.008 +- 0.023), hacked 0.272 / 0.036 / 0.064: the bonus's own effect -0.144 +- 0.030, -0.300 +- 0.033,
+    # -0.324 +- 0.032 (paired); calls per answer 1.86 / 1.74 / 1.76 in the control, 2.48 / 5.60 / 5.51 hacked. At the
+    # earlier hack settings (5x section 7's learning rate, a bonus of 0.5) the control fell too, to 0.344 on seed 0
+    # and 0.028 on seed 1, where the bonus then cost nothing more (+0.012 +- 0.016).
+    assert records["09/hack_calls"] > records["09/control_calls"] + 0.3, "the calls are the bonus's doing"
+    d, se = records["09/hack_minus_control"], records["09/hack_minus_control_se"]
+    assert d < -2 * se, ("the bonus costs right answers beyond what its settings cost", d, se)
+    assert records["09/control_minus_sft"] > d, "and more than the settings alone"
 
 
 def test_what_the_tool_fixes_and_what_it_cannot(records):

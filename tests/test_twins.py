@@ -144,8 +144,8 @@ def test_lesson09_counts_its_turn_batches():
     cfg = presets.LessonConfig(preset="24g", lesson="09", device="cpu", dtype=torch.float32, model_label="twin",
                                params=dict(presets.PRESETS["24g"]["lessons"]["09"]))
     assert sizing.rollout_turns(cfg.params) == 3             # (1024 - 160 - 215) / 256 tokens, rounded up
-    # 100 / 64 -> 2 batches: 3 passes without the tool, 3 with up to 3 turns; 16 x 8 credit rollouts in 2 batches
-    assert twins.rollout_evaluations(cfg) == 2 * (3 + 3 * 3) + 2 * 3
+    # 100 / 64 -> 2 batches: 3 passes without the tool, 4 with up to 3 turns; 8 x 8 credit rollouts in 1 batch
+    assert twins.rollout_evaluations(cfg) == 2 * (3 + 4 * 3) + 1 * 3
 
 
 def test_lesson09_sft_holds_no_more_tokens_per_forward_than_lesson01_measured():

@@ -123,21 +123,21 @@ def _training_steps(cfg, lesson: str) -> dict:
         return {"PRM train": cfg.max_steps, "ORM train": cfg.max_steps,
                 "sampled eval": math.ceil(answers / cfg.eval_batch_size),
                 "PRM beam search": 2 * cfg.beam_max_steps * math.ceil(cfg.ttc_problems / beam_problems(cfg))}
-    if lesson == "09":   # both SFTs; the GRPO run and the hack run (the same batch: hack_prompts = prompts_per_step)
-        return {"SFT train": 2 * cfg.sft_steps, "GRPO with tools train": cfg.max_steps + cfg.hack_steps,
+    if lesson == "09":   # both SFTs; the GRPO run, the hack run and its control (as long as a step of the GRPO run)
+        return {"SFT train": 2 * cfg.sft_steps, "GRPO with tools train": cfg.max_steps + 2 * cfg.hack_steps,
                 "tool rollout": rollout_evaluations(cfg)}
     return {"QLoRA train": cfg.qlora_steps}
 
 
 def rollout_evaluations(cfg) -> int:
-    """Lesson 09's turn batches: six passes over ``n_test`` (the plain model, the trace model with and without the
-    tool, the GRPO model with and without it, the hacked model with it; those with the tool up to
+    """Lesson 09's turn batches: seven passes over ``n_test`` (the plain model, the trace model with and without the
+    tool, the GRPO model with and without it, the hacked model and its control with it; those with the tool up to
     :func:`utils.presets.sizing.rollout_turns` turns each) and the credit section's ``turn_prompts x
     num_generations``."""
     batches = math.ceil(cfg.n_test / cfg.eval_batch_size)
     credit = math.ceil(cfg.turn_prompts * cfg.num_generations / cfg.eval_batch_size)
     turns = sizing.rollout_turns(cfg.params)
-    return batches * (3 + 3 * turns) + credit * turns
+    return batches * (3 + 4 * turns) + credit * turns
 
 
 def measure_lesson(preset: str, lesson: str, model_dir, out_dir, steps: int = 3, resolve=presets.resolve,

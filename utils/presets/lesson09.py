@@ -22,16 +22,16 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (160,   512,    512,    512),     # every turn and tool result of one rollout
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),    # LoRA adapters
-    "max_steps":              (4,     30,     30,     30),     # GRPO with tools, optimizer steps
+    "max_steps":              (4,     20,     20,     20),     # GRPO with tools, optimizer steps
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default
     "call_cost":              (0.1,   0.1,    0.1,    0.1),     # reward lost per call beyond the reference's steps
-    "hack_bonus":             (0.5,   0.5,    0.5,    0.5),     # the naive shaping: reward per call
-    "hack_steps":             (8,     10,     10,     10),
-    "hack_prompts":           (4,     8,      16,     16),      # prompts per step of the hack run (x G rollouts)
-    "hack_learning_rate":     (5e-3,  5e-5,   5e-5,   5e-5),    # 5x the real run: the exploit shows quickly
-    "turn_prompts":           (8,     16,     16,     16),     # per-turn vs per-trajectory credit: prompts x G
+    "hack_bonus":             (1.0,   1.0,    1.0,    1.0),     # the naive shaping: reward per call (a right answer's)
+    "hack_steps":             (8,     8,      8,      8),       # the hack run and its control (no bonus), each
+    "hack_prompts":           (4,     8,      16,     16),      # prompts per step of the hack run and its control (x G)
+    "hack_learning_rate":     (2e-3,  2e-5,   2e-5,   2e-5),    # 2x section 7's; 5x collapsed its control too
+    "turn_prompts":           (8,     8,      8,      8),     # per-turn vs per-trajectory credit: prompts x G
     "use_lora":               (True,  True,   True,   True),
     "lora_r":                 (16,    16,     16,     16),
     "lora_alpha":             (32,    32,     32,     32),

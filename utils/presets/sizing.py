@@ -42,9 +42,9 @@ OVER_BUDGET = {
     ("08", "t4-16g"): 116,
     ("08", "24g"): 103,
     ("08", "80g"): 83,
-    ("09", "t4-16g"): 110,
-    ("09", "24g"): 129,
-    ("09", "80g"): 154,
+    ("09", "t4-16g"): 109,
+    ("09", "24g"): 125,
+    ("09", "80g"): 148,
 }
 
 
@@ -289,11 +289,14 @@ def _lesson09(p, one, four):
              "recipe at twice its max_length; measured as lesson 01's)"},
             _eval(p, p["n_test"], "evaluations without the tool", ("01", "greedy eval"), prompt=prompt, calls=3),
             _eval(p, p["n_test"], f"multi-turn rollouts with the tool (up to {turns} turns)", ("01", "greedy eval"),
-                  prompt=prompt, calls=3 * turns),
+                  prompt=prompt, calls=4 * turns),
             _eval(p, p["turn_prompts"] * p["num_generations"], "the credit section's sampled rollouts",
                   ("01", "greedy eval"), prompt=prompt, calls=turns),
-            _rl_batch(p, "GRPO with tools and the hack run (measured as lesson 04's GRPO)", p["max_steps"] +
-                      p["hack_steps"], ("04", "GRPO train"), new=p["max_completion_length"], prompt=prompt,
+            _rl_batch(p, "GRPO with tools (measured as lesson 04's GRPO)", p["max_steps"], ("04", "GRPO train"),
+                      new=p["max_completion_length"], prompt=prompt,
+                      scale=p["max_completion_length"] / four["max_completion_length"]),
+            _rl_batch(p, "the hack run and its control (measured as lesson 04's GRPO)", 2 * p["hack_steps"],
+                      ("04", "GRPO train"), prompts=p["hack_prompts"], new=p["max_completion_length"], prompt=prompt,
                       scale=p["max_completion_length"] / four["max_completion_length"])]
 
 
