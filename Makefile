@@ -11,7 +11,7 @@ export TQDM_DISABLE ?= 1
 export MPLBACKEND ?= Agg
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup sandbox-tool run test test-fast lint notebooks labs handout bench bench-grade tiny-model rehearse clean help
+.PHONY: setup sandbox-tool run test test-fast lint notebooks labs handout grade bench bench-grade tiny-model rehearse clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -22,8 +22,9 @@ help:
 	@echo "make rehearse   execute the lessons on the GPU presets' code paths, on the CPU (REHEARSE='t4-16g 24g 80g')"
 	@echo "make setup      create $(VENV) and install the pinned requirements (and bubblewrap, the grader's sandbox)"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
-	@echo "make labs       rebuild the student editions in labs/ and the answers in utils/solutions/ from notebooks/"
-	@echo "make handout OUT=../week4 WITHHOLD='04' [LABS='01 02 03 04']  a student repository without those answers"
+	@echo "make labs       rebuild the student editions in labs/, the answers in utils/solutions/ and the README's lesson table"
+	@echo "make handout OUT=../week4 WITHHOLD='04' LABS='01 02 03 04'  a student repository without lesson 04's answers"
+	@echo "make grade LAB=04 SUBMISSIONS=week4-submissions [OUT=grades-04]  grade a class's executed labs (docs/instructors.md)"
 	@echo "make bench-grade grade 30 generated lab-01 submissions and print the time"
 	@echo "make bench      benchmark report (wall time, peak memory, metrics) in bench/"
 	@echo "make tiny-model rebuild the embedded tiny model (about 8 minutes on 2 cores)"
@@ -77,10 +78,16 @@ notebooks: $(STAMP)
 
 labs: $(STAMP)
 	$(PY) -m utils labs build
+	$(PY) -m utils readme
 
 OUT ?=
 WITHHOLD ?=
 LABS ?=
+# Grade a folder of executed labs in the sandbox: grades.csv, feedback/<student>.md, written.md (docs/instructors.md).
+grade: $(STAMP) sandbox-tool
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=04 SUBMISSIONS=<folder of executed labs> [OUT=<grades folder>]"; exit 2; }
+	$(PY) -m utils grade "$(SUBMISSIONS)" --lab $(LAB) $(if $(OUT),--out "$(OUT)",)
+
 handout: $(STAMP)
 	@test -n "$(OUT)" || { echo "usage: make handout OUT=<folder outside the repository> WITHHOLD='04 05' [LABS='01 02 03 04']"; exit 2; }
 	$(PY) -m utils handout --out $(OUT) --withhold $(WITHHOLD) $(if $(LABS),--labs $(LABS),)

@@ -36,7 +36,7 @@ PARTS = {
     "other slow tests": (20, ()),
     "unit tests (make test-fast)": (170, ()),
 }
-# The parts but the installs sum to SUITE_BUDGET_S (a test says so). Measured from a fresh clone (README), the
+# The parts but the installs sum to SUITE_BUDGET_S (a test says so). Measured from a fresh clone (docs/testing.md), the
 # lessons beside the other tests: the wait for the lessons 582 s, labs 144, classes graded 286, nbgrader and verl
 # 58, unit tests 207; the unit tests alone took 118-131 s, then about 12 s more with Qwen's real tokenizers
 # (tests/test_qwen_tokenizers.py, the Qwen cases of tests/test_agent.py).

@@ -1,4 +1,5 @@
 """utils.course.handout: a student repository without the withheld answers, in which every lab still works."""
+import re
 import shutil
 import subprocess
 import sys
@@ -47,16 +48,21 @@ def test_what_a_handout_holds(week4):
     files = {p.relative_to(week4).as_posix() for p in week4.rglob("*") if p.is_file()}
     assert {f"labs/{p.name}" for p in lesson_paths(LABS)} == {f for f in files if f.startswith("labs/")}
     assert {"README.md", "requirements.txt", "environment.yml", "utils/records.py", "utils/course/run.py",
-            "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson03.py"} <= files
+            "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson03.py",
+            "docs/students.md", "docs/gpu.md"} <= files   # the guide the labs' headers link
     assert "utils/solutions/lesson04.py" not in files
     assert not files & {"utils/solutions/lesson05.py", "utils/solutions/lesson07.py"}, \
         "no later lab's answers (lesson 07's gradient_coefficients computes lesson 04's group advantages)"
     assert "utils/course/kernel.py" in files, "the runner's own imports come along"
     assert "utils/ppo.py" not in files, "no lab of week 4 imports it (its policy_loss is lesson 04's clipped surrogate)"
     for instructor_only in ("notebooks/", "tests/", "utils/course/grade", "utils/course/labs", "utils/course/handout",
-                            "utils/course/solutions", "utils/course/twins", "docs/"):
+                            "utils/course/solutions", "utils/course/twins", "docs/instructors.md", "docs/testing.md",
+                            "docs/notebook-contract.md", "CONTRIBUTING.md"):
         assert not [f for f in files if f.startswith(instructor_only)], instructor_only
-    assert "04_grpo.ipynb` (graded" in (week4 / "README.md").read_text()
+    readme = (week4 / "README.md").read_text()
+    assert "04_grpo.ipynb` (graded" in readme
+    commands = re.findall(r"utils run (labs/\S+)", readme)
+    assert commands and all(c in files for c in commands), f"the README runs a lab the handout does not hold: {commands}"
 
 
 def test_no_withheld_answer_appears_anywhere(week4):

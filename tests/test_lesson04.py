@@ -73,6 +73,6 @@ def test_capstone_grpo_step_is_grpo_trainers_and_trains(records):
     # -0.008 +- 0.023, +0.055 +- 0.074), and the lesson prints which it is.
     assert records["04/hand_steps"] == 8 and records["04/hand_seconds"] > 0   # tiny's hand_steps
     # (Before MKL's strict mode was pinned, a Xeon with AVX-512 and AMX gave seed 0 0.064 -> 0.100; pinned, it gives the
-    # values above: README, below the table of lessons.)
+    # values above: docs/testing.md, "Reproducible `tiny` runs".)
     assert records["04/hand_accuracy"] >= records["04/sft_accuracy"] + 0.04
     assert records["04/hand_shortcut_share"] < records["04/sft_shortcut_share"] - 0.3

@@ -63,7 +63,7 @@ def test_every_estimator_and_online_rft_beat_the_sft_model(records):
     # 0.170; online RFT (section 11, the same samples) 0.230 / 0.210 / 0.205. The smallest gain, PPO's +0.100 on seed 0
     # (± 0.025; ± 0.032 were the two sides independent). (Before
     # MKL's strict mode was pinned, a Xeon with AVX-512 and AMX gave seed 0 PPO +0.075 (± 0.030); pinned, it gives the
-    # values above: README, below the table of lessons.)
+    # values above: docs/testing.md, "Reproducible `tiny` runs".)
     # Not asserted: offline RFT, 0.210 / 0.210 / 0.075 (+0.040 ± 0.016 over SFT on seed 2, paired).
     from utils.headlines import paired_se
 

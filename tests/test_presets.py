@@ -223,7 +223,7 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     run was shortened for the suite's time budget (max_steps 20 -> 16 at learning_rate 1e-3 -> 1.25e-3, hand_steps
     12 -> 8, sampled_eval_prompts 100 -> 50; its effects re-checked on seeds 0-2, tests/test_lesson04.py); the GPU
     tables' measured line says "random-weight stand-in" where it said "architecture twin"; the GPU presets' counts
-    (steps, problems, seeds: measured.COUNT_KEYS) were cut to a session (2026-11-28, README), tiny unchanged."""
+    (steps, problems, seeds: measured.COUNT_KEYS) were cut to a session (2026-11-28, docs/gpu.md), tiny unchanged."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
     got = {}

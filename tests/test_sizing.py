@@ -1,5 +1,5 @@
 """utils.presets.hardware and utils.presets.sizing: the cards, the models' shapes and the upper-bound time estimate
-of every lesson on its preset's card (README, "GPU presets: estimated time on each card")."""
+of every lesson on its preset's card (docs/gpu.md, "Estimated time on each card")."""
 import pytest
 import torch
 
@@ -73,9 +73,9 @@ def test_fewer_steps_cost_less_and_the_table_says_so():
     assert "estimate" not in presets.resolve("tiny", lesson="04").table()
 
 
-def test_readme_shows_the_estimates():
+def test_the_gpu_page_shows_the_estimates():
     estimates = {(lesson, p): presets.estimate(p, lesson) for p in GPU_PRESETS for lesson in sizing.OPERATIONS}
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "gpu.md").read_text()
     assert sizing.markdown(estimates) in readme
     over = sum(e["minutes"] > sizing.BUDGET_MINUTES for e in estimates.values())
     assert f"**{over} of the {len(estimates)} are still over the hour**" in readme
@@ -107,7 +107,7 @@ def test_each_lessons_header_states_its_estimate():
         for preset in GPU_PRESETS:
             (row,) = [line for line in header.splitlines() if line.startswith(f"| `{preset}` |")]
             e = presets.estimate(preset, lesson)
-            assert row.endswith(f"; estimated at most {e['minutes']:.0f} min on the {e['card']} (upper bound, README) |"), \
+            assert row.endswith(f"; estimated at most {e['minutes']:.0f} min on the {e['card']} (upper bound, [GPU page](../docs/gpu.md)) |"), \
                 (lesson, preset, row)
 
 

@@ -350,14 +350,14 @@ def test_each_lessons_header_cites_its_measurement():
                 assert ("H200" in row) == ("NVIDIA H200" in gpus), (lesson, preset, row)
 
 
-def test_the_readme_table_quotes_the_committed_peaks():
-    """Each row of the README's GPU table quotes the JSON's peak (the capstone rows: that phase's), and a lesson
+def test_the_gpu_page_quotes_the_committed_peaks():
+    """Each row of the GPU page's table (docs/gpu.md) quotes the JSON's peak (the capstone rows: that phase's), and a lesson
     whose record has no phases has a row of dashes, so a new measurement cannot leave the table behind."""
     import re
 
     from utils.constants import REPO_ROOT
 
-    rows = re.findall(r"^\| `([\w-]+)` \| (\d\d) ([^|]*)\| ([^|]*)\|", (REPO_ROOT / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| `([\w-]+)` \| (\d\d) ([^|]*)\| ([^|]*)\|", (REPO_ROOT / "docs" / "gpu.md").read_text(), re.M)
     assert len(rows) >= 24
     for preset, lesson, label, peak in rows:
         record = committed()["presets"][preset][lesson]

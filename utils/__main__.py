@@ -7,6 +7,7 @@
     python -m utils rehearse --preset t4-16g ...         execute the lessons on a GPU preset's code path, on a CPU
     python -m utils twins measure --preset 24g ...       measure GPU presets with architecture twins
     python -m utils tiny build|eval                      build (or re-measure) the embedded tiny model
+    python -m utils readme [--check]                     rewrite the README's lesson table from the lessons
 
 ``python -m utils COMMAND --help`` describes each.
 """
@@ -14,7 +15,8 @@ import importlib
 import sys
 
 COMMANDS = {"run": "run", "labs": "labs", "grade": "grade", "handout": "handout", "rehearse": "rehearsal",
-            "twins": "twins", "tiny": "tiny"}
+            "twins": "twins", "tiny": "tiny",
+            "readme": "readme"}
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,8 @@ from .solutions import answer_source, module_name
 # lesson's helper may compute an earlier answer in other words (utils/ppo.py's policy_loss is lesson 04's clipped
 # surrogate, per token), which leaks() cannot see.
 STUDENT_ENTRY_POINTS = ("__init__.py", "__main__.py", "course/__init__.py", "course/run.py")   # python -m utils run
-TOP_FILES = ("requirements.txt", "environment.yml", ".gitignore")
+# the docs: the labs link them
+TOP_FILES = ("requirements.txt", "environment.yml", ".gitignore", "docs/students.md", "docs/gpu.md")
 
 
 class HandoutError(ValueError):
@@ -319,6 +320,7 @@ def _copy_utils(dest: Path, withheld: list[Path], included: list[Path]) -> None:
 def _readme(included: list[Path], withheld: list[Path]) -> str:
     labs = "\n".join(f"- `labs/{p.name}`" + (" (graded: its answers are not in this repository)"
                                              if p in withheld else "") for p in included)
+    example = f"labs/{included[-1].name}"
     return f"""# LLM post-training labs
 
 Your labs:
@@ -327,6 +329,8 @@ Your labs:
 
 ## Set up
 
+With Python 3.11:
+
 ```bash
 python3 -m venv .venv && .venv/bin/pip install -r requirements.txt   # or: conda env create -f environment.yml
 .venv/bin/jupyter lab labs/
@@ -334,6 +338,8 @@ python3 -m venv .venv && .venv/bin/pip install -r requirements.txt   # or: conda
 
 Every lab runs on a laptop CPU with the embedded tiny model (`PRESET = "auto"` picks it), and on a
 Colab T4 or a 24 GB / 80 GB GPU with a real Qwen model. In China, set `HF_ENDPOINT=https://hf-mirror.com`.
+`docs/students.md` says how on each (Colab, AutoDL, a laptop) and which preset to pick; `docs/gpu.md` has
+what each preset costs.
 
 ## Work on a lab
 
@@ -342,7 +348,7 @@ check right after it. Keep everything an answer needs inside its answer cell. Lo
 closed browser tab when started from a terminal:
 
 ```bash
-nohup .venv/bin/python -m utils run labs/04_grpo.ipynb --preset 24g &    # the executed copy goes to runs/24g/
+nohup .venv/bin/python -m utils run {example} --preset 24g &    # the executed copy goes to runs/24g/
 ```
 
 ## Hand in
@@ -369,6 +375,7 @@ def build(out, withhold=(), labs=None, force: bool = False) -> dict:
         _copy_utils(stage, withheld, included)
         for name in TOP_FILES:
             if (REPO_ROOT / name).exists():
+                (stage / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO_ROOT / name, stage / name)
         (stage / "README.md").write_text(_readme(included, withheld), encoding="utf-8")
         found = leaks(stage, withheld)

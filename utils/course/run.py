@@ -62,7 +62,7 @@ KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": "0"}  # set unless
 # runs of lessons 04 and 07 ended elsewhere. Its strict mode (",STRICT") sums in one order on any number of
 # threads (tests/test_run.py shows it), at no measured cost (lesson 08: 71.7 s strict, 72.3 s plain); with it
 # that Xeon reproduced lessons 01 and 08's committed records exactly and kept the others' training runs, but
-# not every last digit (README). A run whose preset is
+# not every last digit (docs/testing.md). A run whose preset is
 # not a named GPU preset (tiny, auto) is pinned; a named GPU preset is not: it computes on its card, its CPU
 # rehearsal (utils.course.rehearsal) records nothing that is compared, and oneDNN's bf16 matrix products need
 # AVX-512: pinned, a bf16 rehearsal's backward passes fell back to a plain loop (a DPO step 19 s against 0.9 s).

@@ -37,7 +37,7 @@ from ..constants import REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
 
 GiB, MiB = 1 << 30, 1 << 20
 SCRATCH = Path("/scratch")  # where a run's scratch folder is inside its sandbox
-DEFAULT_MEMORY_GIB = 2      # grading labs 01-06 on tiny peaks at 0.36-0.52 GiB (measured in a cgroup, README)
+DEFAULT_MEMORY_GIB = 2      # grading labs 01-06 on tiny peaks at 0.36-0.52 GiB (in a cgroup: docs/instructors.md)
 DEFAULT_PROCESSES = 64      # tasks (processes and threads): grading labs 01-06 peaks at 22-24
 DEFAULT_FILE_MIB = 512      # the largest file, and the whole scratch folder
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, Fedora: `sudo dnf install "
@@ -67,7 +67,7 @@ class Sandbox:
     bwrap: str
     limits: Limits = field(default_factory=Limits)
     cgroups: dict = field(default_factory=dict)   # controller -> parent folder in which each run gets its own
-    enforced: dict = field(default_factory=dict)  # limit -> how it is enforced, for the README and the summary
+    enforced: dict = field(default_factory=dict)  # limit -> how it is enforced, for docs/instructors.md and the summary
     no_nested_userns: bool = False                # bwrap >= 0.8: the sandbox cannot make user namespaces itself
 
     def describe(self) -> str:

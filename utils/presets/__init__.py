@@ -167,7 +167,7 @@ def estimate_note(preset: str, lesson, params: dict | None = None, gpu: dict | N
         return f"none on {where}: unmeasured phases ({', '.join(e['unmeasured'])})"
     over = e["minutes"] > sizing.BUDGET_MINUTES
     return (f"at most {e['minutes']:.0f} min on {where} (budget {sizing.BUDGET_MINUTES}"
-            f"{': over it' if over else ''}; upper bound, README's GPU estimates)")
+            f"{': over it' if over else ''}; upper bound, docs/gpu.md)")
 
 
 # ----------------------------------------------------------------------------- hub / cache checks

@@ -27,4 +27,4 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "logging_steps":          (10,    10,     10,     10),
 }
 # 80g runs batch 8 x grad_accum 4: batch 16 did not fit an 80 GB H100 without activation checkpointing
-# (the architecture-twin measurement; README, "GPU presets").
+# (the architecture-twin measurement; docs/gpu.md).

@@ -93,4 +93,4 @@ def memory_warning(preset: str, lesson: str, record: dict | None, gpu: dict | No
             f"({worst!r}) in a run of its random-weight stand-in, and {gpu['name']} has {gpu['total_gb']:g} GB. "
             "The figure is an upper bound (PyTorch's allocator cache, answers of the full max_completion_length); "
             "if it runs out of memory, lower prompts_per_step / batch_size / eval_batch_size "
-            "(see the README's GPU table).")
+            "(see docs/gpu.md).")

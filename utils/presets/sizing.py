@@ -14,7 +14,7 @@ the other two add the card's own time for the work, at half its published peak. 
 (1) the student's host launches kernels as fast as the measuring machine's (Colab's small host is slower on the
 launch-bound phases), and (2) the card reaches half its peak on the work; it counts the measuring GPU's own
 device time twice, and every generation at its full token limit (a random model never stops: real answers end
-earlier). Taught nowhere; printed by the resolution table, the lesson headers and the README's GPU table.
+earlier). Taught nowhere; printed by the resolution table, the lesson headers and docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ TOOL_PROMPT_TOKENS = 215  # what offering the calculator adds to a Qwen prompt (
 
 # Lessons still over the budget on a card after the presets were cut to a session (2026-11-28), with the minutes they
 # were estimated at then: their RL runs (lesson 08: its beam searches) take most of it, and fewer steps would leave
-# their comparisons nothing to compare (README). tests/test_sizing.py holds every other lesson to
+# their comparisons nothing to compare (docs/gpu.md). tests/test_sizing.py holds every other lesson to
 # the budget and these to their minutes: an estimate may only go down, and this list only shrink.
 OVER_BUDGET = {
     ("04", "24g"): 75,
@@ -332,7 +332,7 @@ def estimate(preset: str, lesson: str, params, record, model: str | None = None,
 
 
 def markdown(estimates: dict) -> str:
-    """The README's table of ``estimates`` (``{(lesson, preset): estimate}``): minutes per lesson and card, against
+    """docs/gpu.md's table of ``estimates`` (``{(lesson, preset): estimate}``): minutes per lesson and card, against
     :data:`BUDGET_MINUTES`, and the operation that costs most on each preset."""
     presets = sorted({p for _, p in estimates}, key=list(PRESET_CARD).index)
     head = "| lesson | " + " | ".join(f"`{p}` on the {PRESET_CARD[p]}" for p in presets) + " | what costs most |"
