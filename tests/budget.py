@@ -29,7 +29,8 @@ PARTS = {
     "lesson executions": (590, ()),                     # what the session still waited for them (tests/lesson_runs.py)
     "lesson record tests and nbval": (10, ()),
     "labs validated (labs, handout)": (150, ("tests/test_labs.py", "tests/test_handout.py")),
-    "classes graded (grader, red team)": (290, ("tests/test_grade.py", "tests/test_redteam.py", "tests/test_speed.py")),
+    "classes graded (grader, red team)": (290, ("tests/test_grade.py", "tests/test_redteam.py", "tests/test_speed.py",
+                                                "tests/test_instructor_guide.py")),
     "nbgrader and verl (side venvs)": (60, ("tests/test_nbgrader.py", "tests/test_verl*.py")),
     "side venv installs": (120, ()),                    # only on a cold cache (~/.cache/post-training-course)
     "twins and Ctrl-C, end to end": (60, ("tests/test_twins.py", "tests/test_interrupt.py")),

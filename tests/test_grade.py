@@ -147,6 +147,17 @@ def test_feedback_per_student(graded):
     alice = (fb / "alice.md").read_text()
     assert "**Score: 12 / 12** for the graded checks" in alice and "self-reported" in alice
     assert "## Written questions" in alice and ": answered" in alice
+    asked = written.questions(nbformat.read(grading_fixtures.LESSON, as_version=4))
+    full = sum(q["points"] for q in asked)
+    # the marks typed in the earlier grades.csv reach the student, with the total
+    assert f"**Score: 12 / 12** for the graded checks, **{2 * len(asked)} / {full}** for the written questions: " \
+           f"{12 + 2 * len(asked)} / {12 + full} in all" in alice
+    assert all(f"- {q['grade_id']}: answered; **2 / {q['points']}**" in alice for q in asked)
+    bob_written = (fb / "bob.md").read_text().split("## Written questions")[1]
+    assert f"{asked[0]['grade_id']}: answered; **1 / {asked[0]['points']}**" in bob_written
+    assert bob_written.count("not marked yet") == len(asked) - 1, "a question without a mark says so"
+    carol = (fb / "carol.md").read_text()   # nothing written: 0, with no one to type it
+    assert f"**0 / {full}** for the written questions" in carol and "YOUR ANSWER HERE); **0 /" in carol
     assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
     # the change is paired over the same problems (every one of them moved: Agresti and Min's error, not 0)
     assert ("  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 0.9 pts   [SE over 200 "

@@ -97,6 +97,9 @@ def test_lab_of_each_lesson(lesson):
     assert lab.metadata[labs.LAB_META_KEY] == {"lesson": lesson.stem[:2], "name": lesson.stem,
                                                "repo": labs.course_repo()}
     assert "widgets" not in lab.metadata and "papermill" not in lab.metadata
+    from ipykernel.kernelspec import get_kernel_dict
+    assert lab.metadata["kernelspec"]["display_name"] == get_kernel_dict()["display_name"], \
+        "JupyterLab writes ipykernel's kernelspec into a notebook it opens: the lab carries it already, so it opens unmodified"
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in lab.cells if c.cell_type == "code")
     n_answers = n_checks = n_written = 0
     for c in lab.cells:

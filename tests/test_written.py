@@ -168,6 +168,18 @@ def test_marks_kept_and_manual_points_once_all_are_marked(tmp_path):
     assert written.columns([]) == {"manual_points": "", "manual_max": 0}
 
 
+
+def test_an_unanswered_question_is_zero_unless_the_instructor_typed_a_mark():
+    asked = [{"grade_id": "a-written", "points": 2}, {"grade_id": "b-written", "points": 3}]
+    answered = {"a-written": {"status": "not-answered"}, "b-written": {"status": "missing"}}
+    assert written.manual_row(asked, {}, answered) == {"a-written": "0", "b-written": "0", "manual_points": 0,
+                                                        "manual_max": 5}
+    assert written.manual_row(asked, {"b-written": "1", "a-written": " "}, answered)["manual_points"] == 1, \
+        "a typed mark wins; a blank one does not erase the zero"
+    half = written.manual_row(asked, {}, {"a-written": {"status": "answered"}, "b-written": {"status": "missing"}})
+    assert half["a-written"] == "" and half["b-written"] == "0" and half["manual_points"] == ""
+
+
 @pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
 def test_every_lesson_asks_two_or_three_written_questions(lesson):
     nb = nbformat.read(lesson, as_version=4)

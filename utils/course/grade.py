@@ -183,12 +183,20 @@ def _shown(value) -> str:
 
 
 def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_dir: str,
-                      headline: dict | None = None) -> str:
-    """The student's feedback; ``headline``: the lesson's declared headline (``utils.headlines``)."""
+                      headline: dict | None = None, asked: list[dict] | None = None, manual: dict | None = None
+                      ) -> str:
+    """The student's feedback; ``headline``: the lesson's declared headline (``utils.headlines``); ``asked`` and
+    ``manual`` (:func:`written.manual_row`): the written questions and the instructor's marks typed so far."""
     checks = result.get("checks", {})
     total, maximum = sum(c["points"] for c in checks.values()), sum(c["max_points"] for c in checks.values())
-    marked = (" for the graded checks; the written questions are marked by your instructor"
-              if result.get("written") else "")
+    manual, points = manual or {}, {q["grade_id"]: q["points"] for q in asked or []}
+    if result.get("written") and manual.get("manual_points") not in (None, ""):
+        marked = (f" for the graded checks, **{manual['manual_points']} / {manual['manual_max']}** for the written "
+                  f"questions: {total + manual['manual_points']:g} / {maximum + manual['manual_max']:g} in all")
+    elif result.get("written"):
+        marked = " for the graded checks; the written questions are marked by your instructor"
+    else:
+        marked = ""
     lines = [f"# {lab_name}: feedback for {student}", "",
              f"Submission: `{sub.get('file') or '-'}`  ", f"**Score: {total} / {maximum}**{marked}", ""]
     if result.get("invalid-notebook"):
@@ -215,9 +223,12 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
         lines += ["## Notes", "", *issues, ""]
     if result.get("written"):
         lines += ["## Written questions", "", "Marked by your instructor, not by the grader.", ""]
-        lines += [f"- {gid}: " + {"answered": "answered", "not-answered": "not answered (the cell still says "
-                                  "YOUR ANSWER HERE)", "missing": "not answered (the cell is missing)"}[a["status"]]
-                  for gid, a in result["written"].items()]
+        for gid, a in result["written"].items():
+            status = {"answered": "answered", "not-answered": "not answered (the cell still says YOUR ANSWER HERE)",
+                      "missing": "not answered (the cell is missing)"}[a["status"]]
+            mark = written.number(manual.get(gid, ""), points.get(gid, 0)) if gid in points else None
+            lines.append(f"- {gid}: {status}" + (f"; **{mark:g} / {points[gid]}**" if mark is not None else
+                                                  "; not marked yet" if gid in points else ""))
         lines.append("")
     records, figures = result.get("records", {}), result.get("figures", 0)
     lines += ["## Your run (self-reported, not re-run by the grader)", ""]
@@ -245,8 +256,11 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
 
 
 def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
-              box: sandbox.Sandbox | None = None, headline: dict | None = None) -> dict:
+              box: sandbox.Sandbox | None = None, headline: dict | None = None, marks: dict | None = None) -> dict:
     """Grade one submission and write its feedback; returns its CSV row (never raises).
+
+    ``marks``: the instructor's marks of this student's written questions from an earlier run
+    (:func:`written.previous_marks`); they go into the row and into the feedback.
 
     Its runs' scratch folders (under ``tmp``) are removed once it is graded."""
     student = sub["student"]
@@ -290,8 +304,11 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
+    asked = written.questions(lesson)
+    manual = written.manual_row(asked, marks or {}, result.get("written"))
+    row.update(manual)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
-    feedback = feedback_markdown(student, lab_name, sub, result, safe, headline)
+    feedback = feedback_markdown(student, lab_name, sub, result, safe, headline, asked, manual)
     (out / "feedback" / f"{safe}.md").write_text(feedback, encoding="utf-8")
     return row
 
@@ -364,13 +381,14 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     def work(sub):
         t = time.perf_counter()
         try:
-            row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box, headline)
+            row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box, headline,
+                            marks.get(_cell_text(sub["student"]), {}))
         except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
             row = {"student": sub["student"], "lab": lab_name, "auto_points": 0, "auto_max": 0,
                    "flags": " ".join([*sub["flags"], "grader-error"]), "file": ""}
             progress(f"  the grader failed on {sub['student']!r} ({type(e).__name__}: {str(e)[:200]}): "
                      "grade it by hand")
-        row.update(written.manual_row(asked, marks.get(_cell_text(row["student"]), {})))
+            row.update(written.manual_row(asked, marks.get(_cell_text(row["student"]), {})))
         with lock:
             rows.append(row)
             used.add(_cell_text(row["student"]))

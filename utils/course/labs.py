@@ -71,6 +71,8 @@ INSTRUCTIONS = """\
 COLAB_BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                "(https://colab.research.google.com/github/{repo}/blob/main/labs/{name}.ipynb)")
 CLONE_DEFAULT = re.compile(r'(os\.environ\.get\("COURSE_REPO_URL", )"https://github\.com/[^"]+\.git"\)')
+# ipykernel's own kernelspec (its kernel.json), which JupyterLab writes into a notebook it opens
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
 
 
@@ -109,6 +111,7 @@ def build_lab(lesson, name: str, repo: str | None = None):
     lab.metadata = nbformat.from_dict({k: v for k, v in lesson.metadata.items()
                                        if k in ("kernelspec", "language_info")})
     lab.metadata[LAB_META_KEY] = {"lesson": lesson_number(name), "name": name, "repo": repo}
+    lab.metadata["kernelspec"] = dict(KERNELSPEC)   # as JupyterLab writes it: opening a lab leaves it unmodified
     for i, cell in enumerate(lab.cells):
         _clean_cell(cell)
         where = f"{name}, cell {i + 1}"

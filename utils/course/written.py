@@ -168,7 +168,7 @@ def markdown(lab_name: str, asked: list[dict], by_student: dict[str, dict]) -> s
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _number(value: str, points: int) -> float | None:
+def number(value: str, points: int) -> float | None:
     """A mark as a number from 0 to ``points``, or None (text, nan, inf, out of range: not counted)."""
     try:
         v = float(value)
@@ -222,11 +222,17 @@ def columns(asked: list[dict]) -> dict[str, str]:
             "manual_max": sum(q["points"] for q in asked)}
 
 
-def manual_row(asked: list[dict], marks: dict[str, str]) -> dict:
-    """A row's manual columns: the kept marks, and ``manual_points`` once every question has a numeric mark."""
+def manual_row(asked: list[dict], marks: dict[str, str], answered: dict[str, dict] | None = None) -> dict:
+    """A row's manual columns: the kept marks, and ``manual_points`` once every question has a numeric mark.
+
+    ``answered`` (:func:`answers`): a question the submission left unanswered (the stub, or the cell missing)
+    is marked 0 unless the instructor typed a mark for it; there is nothing to read."""
     row = columns(asked)
-    row.update({g: m for g, m in marks.items() if g in row})
-    values = [_number(row[q["grade_id"]], q["points"]) for q in asked]
+    for q in asked:
+        if (answered or {}).get(q["grade_id"], {}).get("status") in ("not-answered", "missing"):
+            row[q["grade_id"]] = "0"
+    row.update({g: m for g, m in marks.items() if g in row and str(m).strip()})
+    values = [number(row[q["grade_id"]], q["points"]) for q in asked]
     if asked and all(v is not None for v in values):
         total = sum(values)
         row["manual_points"] = int(total) if total == int(total) else total
