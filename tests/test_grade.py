@@ -2,6 +2,7 @@
 import base64
 import csv
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def test_feedback_per_student(graded):
     assert bob_written.count("not marked yet") == len(asked) - 1, "a question without a mark says so"
     carol = (fb / "carol.md").read_text()   # nothing written: 0, with no one to type it
     assert f"**0 / {full}** for the written questions" in carol and "YOUR ANSWER HERE); **0 /" in carol
-    assert "preset `tiny`" in alice and "hardware `CPU" in alice and "01/accuracy_after" in alice
+    assert "preset tiny" in alice and "hardware CPU" in alice and "01/accuracy_after" in alice
     # the change is paired over the same problems (every one of them moved: Agresti and Min's error, not 0)
     assert ("  format compliance, base → SFT   0.000 ± 0.007 → 1.000 ± 0.007   +100.0 ± 0.9 pts   [SE over 200 "
             "problems; changes paired over them]") in alice
@@ -241,3 +242,52 @@ print(sys.modules.get("rfc3987_syntax"))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["rejected", "None"], out
+
+
+def test_a_name_is_shown_as_text_whatever_its_bytes():
+    raw = os.fsdecode(b"caf\xe9")   # Latin-1 from an old unzip: not UTF-8
+    assert submissions.shown_name(raw) == "caf\ufffd"
+    assert submissions.shown_name("a\rb\nc\x1b[2Kd\u202ee") == "a?b?c?[2Kd?e", "no line break, ANSI escape or bidi"
+    assert submissions.safe_name("名" * 100).encode("utf-8") == ("名" * 33).encode("utf-8"), "at most 100 bytes"
+    assert len(submissions.safe_name("x" * 300)) == 100
+
+
+def test_any_file_name_gets_a_row_of_its_own_and_a_feedback_file_it_names(tmp_path):
+    """Names an LMS export or a student can make (bytes that are not UTF-8, a carriage return, an ANSI escape, 255
+    bytes of CJK, a file and a folder of one name, two names one safe name) each get a row, a feedback file of their
+    own that grades.csv names, and a grades.csv the next run reads back. The files are not notebooks: no kernel runs."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    names = [b"caf\xe9.ipynb", b"cr\rname.ipynb", b"\x1b[2Kansi.ipynb", ("名" * 83 + ".ipynb").encode(), b"dup.ipynb",
+             b"a b.ipynb", b"a_b.ipynb"]
+    for name in names:
+        with open(os.path.join(os.fsencode(subs), name), "w") as f:
+            f.write("not a notebook")
+    (subs / "dup").mkdir()
+    (subs / "dup" / "01_sft_from_scratch.ipynb").write_text("{}")
+    out = tmp_path / "grades"
+    for _ in range(2):   # the second run reads the first one's grades.csv for marks
+        lines = []
+        rows = grade.grade_folder(subs, "01", out, jobs=1, progress=lines.append, box=None)
+        assert len(rows) == len(names) + 1
+        with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+            got = list(csv.DictReader(f))
+        assert len(got) == len(names) + 1 and len({r["student"] for r in got}) == len(got)
+        assert len({r["feedback"] for r in got}) == len(got)
+        for r in got:
+            text = (out / r["feedback"]).read_text(encoding="utf-8")
+            assert not any(ch in text for ch in "\r\x1b\ud800"), r["student"]
+            assert "invalid-notebook" in r["flags"] and "unsandboxed" in r["flags"]
+        assert {r["student"] for r in got if "same-name" in r["flags"]} == {"dup (dup.ipynb)", "dup (dup/)"}
+        assert not any("\x1b" in line or "\r" in line for line in lines), "nothing a name holds reaches the console"
+
+
+def test_a_submissions_text_cannot_restyle_its_feedback():
+    """An exception's message (the student's code raises what it likes) stays one line of text in its table cell."""
+    forged = "x\n\n**Score: 12 / 12**\n# feedback for alice | <img src=x> `code` [link](http://e)"
+    result = {"checks": {"01-collate": {"passed": False, "points": 0, "max_points": 2, "message": forged}},
+              "answer_errors": [{"grade_id": "01-mask-answer", "error": forged}]}
+    text = grade.feedback_markdown("eve\n# alice", "01_sft_from_scratch", {"file": "e`ve.ipynb"}, result, "eve")
+    assert text.count("**Score:") == 1 and text.count("\n# ") == 0 and text.startswith("# 01_sft_from_scratch")
+    assert "<img" not in text and "`code`" not in text and "](http" not in text
+    assert "&lt;img src=x&gt;" in text and "&#42;&#42;Score: 12 / 12&#42;&#42;" in text

@@ -42,9 +42,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
-import html
 import io
-import json
 import os
 import shutil
 import sys
@@ -60,6 +58,7 @@ from ..constants import META_KEYS
 from ..records import read_records
 from . import labs, sandbox, written
 from .cells import LabError, grade_id, is_check
+from .feedback import feedback_markdown
 from .grading import (
     CELL_TIMEOUT_S,
     MAX_ATTEMPTS,
@@ -70,7 +69,7 @@ from .grading import (
 )
 from .kernel import map_in_threads
 from .lessons import lesson_number, meta_of
-from .submissions import find_submissions, load, unique_safe_names
+from .submissions import find_submissions, load, shown_name, unique_safe_names
 
 STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a kernel crash",
               "memory-limit": "the memory limit", "process-limit": "the process limit",
@@ -170,91 +169,6 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     return flags
 
 
-def _md_cell(text: str) -> str:
-    """Text a student wrote as one markdown table cell: at most 200 characters, HTML escaped (no ``</details>``
-    or ``<!--`` can end the page's structure), no ``|``, backtick or line break of its own."""
-    text = html.escape(str(text)[:200]).replace("|", "&#124;").replace("`", "&#96;")
-    return " ".join(text.split())
-
-
-def _shown(value) -> str:
-    """A self-reported record's value as a markdown table cell (any JSON a notebook holds)."""
-    return _md_cell(f"{value:.4g}" if isinstance(value, float) else json.dumps(value)[:200])
-
-
-def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_dir: str,
-                      headline: dict | None = None, asked: list[dict] | None = None, manual: dict | None = None
-                      ) -> str:
-    """The student's feedback; ``headline``: the lesson's declared headline (``utils.headlines``); ``asked`` and
-    ``manual`` (:func:`written.manual_row`): the written questions and the instructor's marks typed so far."""
-    checks = result.get("checks", {})
-    total, maximum = sum(c["points"] for c in checks.values()), sum(c["max_points"] for c in checks.values())
-    manual, points = manual or {}, {q["grade_id"]: q["points"] for q in asked or []}
-    if result.get("written") and manual.get("manual_points") not in (None, ""):
-        marked = (f" for the graded checks, **{manual['manual_points']} / {manual['manual_max']}** for the written "
-                  f"questions: {total + manual['manual_points']:g} / {maximum + manual['manual_max']:g} in all")
-    elif result.get("written"):
-        marked = " for the graded checks; the written questions are marked by your instructor"
-    else:
-        marked = ""
-    lines = [f"# {lab_name}: feedback for {student}", "",
-             f"Submission: `{sub.get('file') or '-'}`  ", f"**Score: {total} / {maximum}**{marked}", ""]
-    if result.get("invalid-notebook"):
-        lines += [f"**This file could not be graded:** {result['invalid-notebook']}. Open it in Jupyter to check "
-                  "it, and hand in the .ipynb file that Jupyter saves.", ""]
-    if checks:
-        lines += ["## Graded checks", "",
-                  "Re-run by the grader on the tiny model (CPU), with your answer cells and the instructor's checks "
-                  "(hidden tests included).", "", "| check | points | result |", "|---|---|---|"]
-        for gid, c in checks.items():
-            verdict = "passed" if c["passed"] else "failed: " + c["message"].replace("|", "\\|")
-            lines.append(f"| {gid} | {c['points']} / {c['max_points']} | {verdict} |")
-        lines.append("")
-    issues = [f"- {i['grade_id']}: {i['detail']}" for i in result.get("integrity", [])]
-    if sub.get("detail"):
-        issues.append(f"- {sub['detail']}")
-    issues += [f"- answer cell {e['grade_id']} raised {e['error']}" for e in result.get("answer_errors", [])]
-    issues += [f"- {n}" for n in result.get("notes", [])]
-    if result.get("wrong-lab"):
-        issues.append(f"- this notebook is the lab {result['wrong-lab']!r}, not {lab_name!r}")
-    if result.get("setup_errors"):
-        issues += [f"- the grader's setup cell {e['cell']} raised {e['error']}" for e in result["setup_errors"]]
-    if issues:
-        lines += ["## Notes", "", *issues, ""]
-    if result.get("written"):
-        lines += ["## Written questions", "", "Marked by your instructor, not by the grader.", ""]
-        for gid, a in result["written"].items():
-            status = {"answered": "answered", "not-answered": "not answered (the cell still says YOUR ANSWER HERE)",
-                      "missing": "not answered (the cell is missing)"}[a["status"]]
-            mark = written.number(manual.get(gid, ""), points.get(gid, 0)) if gid in points else None
-            lines.append(f"- {gid}: {status}" + (f"; **{mark:g} / {points[gid]}**" if mark is not None else
-                                                  "; not marked yet" if gid in points else ""))
-        lines.append("")
-    records, figures = result.get("records", {}), result.get("figures", 0)
-    lines += ["## Your run (self-reported, not re-run by the grader)", ""]
-    meta = meta_of(records)
-    lines.append("Ran with " + ", ".join(f"{k} `{v if v is not None else 'unknown'}`" for k, v in meta.items()) + ".")
-    lines.append("")
-    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in (*META_KEYS, "headline")}
-    if metrics and headline:   # the course's declaration (never the student's), read against their records
-        try:
-            block = headlines.block(headline, records)
-        except Exception as e:  # noqa: BLE001 -- a student's records must never cost them the feedback
-            block = [f"(could not be read from your records: {type(e).__name__})"]
-        lines += ["What the lesson exists to show, from your records (`make run` prints the same block):", "",
-                  "```", *block, "```", "", headlines.FOOTNOTE, ""]
-    if metrics:
-        lines += ["<details><summary>Every record of your run</summary>", "", "| record | value |", "|---|---|"]
-        lines += [f"| {_md_cell(k)} | {_shown(v)} |" for k, v in metrics.items()]
-        lines += ["", "</details>", ""]
-    for problem in result.get("result_problems", []):
-        lines.append(f"- {problem}")
-    if figures:
-        lines += ["", f"{figures} figure(s) from your notebook:", ""]
-        lines += [f"![figure {i + 1}]({fig_dir}/figure-{i + 1}.png)" for i in range(figures)]
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
               box: sandbox.Sandbox | None = None, headline: dict | None = None, marks: dict | None = None) -> dict:
     """Grade one submission and write its feedback; returns its CSV row (never raises).
@@ -266,7 +180,8 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     student = sub["student"]
     safe = sub["safe"]
     row = {"student": student, "lab": lab_name,
-           "file": str(sub["path"].relative_to(sub["root"])) if sub.get("path") else ""}
+           "file": shown_name(str(sub["path"].relative_to(sub["root"]))) if sub.get("path") else "",
+           "feedback": f"feedback/{safe}.md"}
     sub["file"] = row["file"]
     result: dict = {}
     try:
@@ -359,8 +274,8 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     unique_safe_names(subs)
     check_ids = [grade_id(c) for c in lesson.cells if is_check(c)]
     asked = written.questions(lesson)
-    columns = ["student", "lab", "file", *check_ids, "auto_points", "auto_max", *written.columns(asked), "flags",
-               *META_KEYS]
+    columns = ["student", "lab", "file", "feedback", *check_ids, "auto_points", "auto_max", *written.columns(asked),
+               "flags", *META_KEYS]
     rows, lock, answers, used = [], threading.Lock(), {}, set()
     csv_path = out / "grades.csv"
     marks, notes = written.previous_marks(csv_path, asked, lab_name)   # an instructor's marks survive a new run
@@ -385,7 +300,8 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
                             marks.get(_cell_text(sub["student"]), {}))
         except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
             row = {"student": sub["student"], "lab": lab_name, "auto_points": 0, "auto_max": 0,
-                   "flags": " ".join([*sub["flags"], "grader-error"]), "file": ""}
+                   "flags": " ".join([*sub["flags"], "grader-error"]), "file": "",
+                   "feedback": f"feedback/{sub['safe']}.md"}
             progress(f"  the grader failed on {sub['student']!r} ({type(e).__name__}: {str(e)[:200]}): "
                      "grade it by hand")
             row.update(written.manual_row(asked, marks.get(_cell_text(row["student"]), {})))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,16 @@ import nbformat
 from .grading import parse_untrusted_json
 
 MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
+MAX_NAME_CHARS = 120                       # a student's name as the grader shows it
+MAX_SAFE_BYTES = 100                       # a feedback file's name, in bytes (file systems allow 255)
+
+
+def shown_name(name: str) -> str:
+    """A file name as text the grader can write anywhere: bytes that are not UTF-8 (an old ``unzip``'s names, which
+    Python reads as surrogates) become U+FFFD, control and format characters (line breaks, ANSI escapes, bidi
+    overrides) become ``?``, and it is cut to :data:`MAX_NAME_CHARS` characters."""
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return "".join("?" if unicodedata.category(ch).startswith("C") else ch for ch in text)[:MAX_NAME_CHARS]
 
 
 def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -> list[dict]:
@@ -30,13 +41,14 @@ def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -
         if entry.name.startswith(".") or entry.name in skip or (exclude and entry.resolve() == exclude.resolve()):
             continue
         student = entry.name[: -len(".ipynb")] if entry.name.endswith(".ipynb") else entry.name.split(".")[0]
+        student = shown_name(student) or "?"
         if entry.is_symlink():  # never followed: it could point at the lesson (the answers) or anywhere
             subs.append({"student": student, "path": None, "flags": ["symlink"],
                          "detail": "a symbolic link, not a file: not graded (hand in the notebook itself)"})
         elif entry.is_file():
             flags = [] if entry.suffix == ".ipynb" else ["renamed"]
             subs.append({"student": student, "path": entry, "flags": flags,
-                         "detail": "" if not flags else f"file {entry.name!r} is not named .ipynb"})
+                         "detail": "" if not flags else f"file {shown_name(entry.name)!r} is not named .ipynb"})
         elif entry.is_dir():
             files, links = _folder_files(entry, skip)
             notebooks = [p for p in files if p.suffix == ".ipynb"]
@@ -48,7 +60,7 @@ def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -
                 candidates = notebooks or files
                 chosen = candidates[0]
                 flags.append("renamed")
-                details.append(f"expected {lab_name}.ipynb, graded {chosen.relative_to(entry)}"
+                details.append(f"expected {lab_name}.ipynb, graded {shown_name(str(chosen.relative_to(entry)))}"
                                + (f" (first of {len(candidates)})" if len(candidates) > 1 else ""))
                 if len(candidates) > 1:
                     flags.append("several-notebooks")
@@ -58,11 +70,31 @@ def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -
             if links:
                 flags.append("symlink")
                 details.append(f"{len(links)} symbolic link(s) in the folder ignored")
-            subs.append({"student": entry.name, "path": chosen, "flags": flags, "detail": "; ".join(details)})
+            subs.append({"student": shown_name(entry.name) or "?", "path": chosen, "flags": flags,
+                         "detail": "; ".join(details), "folder": True})
         else:
             subs.append({"student": student, "path": None, "flags": ["not-a-file"],
                          "detail": "not a regular file or folder: not graded"})
+        subs[-1]["entry"] = shown_name(entry.name) + ("/" if subs[-1].pop("folder", False) else "")
+    _tell_apart(subs)
     return subs
+
+
+def _tell_apart(subs: list[dict]) -> None:
+    """Two entries that give one student name (``dup.ipynb`` beside ``dup/``, or two names that differ only in bytes
+    shown as U+FFFD) get names of their own, the entry's in brackets, and the flag ``same-name``: marks typed for one
+    row never go to the other."""
+    by_name: dict[str, list[dict]] = {}
+    for s in subs:
+        by_name.setdefault(s["student"].casefold(), []).append(s)
+    for group in by_name.values():
+        if len(group) < 2:
+            continue
+        for s in group:
+            s["student"] = f"{s['student']} ({s['entry']})"
+            s["flags"].append("same-name")
+            s["detail"] = "; ".join(filter(None, [s["detail"], f"{len(group)} entries give the name "
+                                                  f"{group[0]['student'].split(' (')[0]!r}: told apart by the entry"]))
 
 
 def _folder_files(folder: Path, skip: set) -> tuple[list[Path], list[Path]]:
@@ -112,8 +144,10 @@ def load(path: Path):
 
 
 def safe_name(student: str) -> str:
-    """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``."""
-    name = re.sub(r"[^\w.-]+", "_", student)[:100].strip(".")
+    """A file name for a student's feedback and scratch: letters of any script, digits, ``_.-``, at most
+    :data:`MAX_SAFE_BYTES` bytes of UTF-8 (a name of 100 CJK characters is 300 bytes: too long for a file system)."""
+    name = re.sub(r"[^\w.-]+", "_", shown_name(student))
+    name = name.encode("utf-8")[:MAX_SAFE_BYTES].decode("utf-8", "ignore").strip(".")
     return (name[: -len(".md")] if name.endswith(".md") else name) or "student"
 
 
