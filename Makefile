@@ -22,7 +22,7 @@ help:
 	@echo "make rehearse   execute the lessons on the GPU presets' code paths, on the CPU (REHEARSE='t4-16g 24g 80g')"
 	@echo "make setup      create $(VENV) and install the pinned requirements (and bubblewrap, the grader's sandbox)"
 	@echo "make notebooks  re-execute the lessons on tiny and write their outputs back (for commits)"
-	@echo "make labs       rebuild the student editions in labs/, the answers in utils/solutions/ and the README's lesson table"
+	@echo "make labs       rebuild labs/, the answers in utils/solutions/, the README's lesson table and docs/exercises.md"
 	@echo "make handout OUT=../week4 WITHHOLD='04' LABS='01 02 03 04'  a student repository without lesson 04's answers"
 	@echo "make grade LAB=04 SUBMISSIONS=week4-submissions [OUT=grades-04]  grade a class's executed labs (docs/instructors.md)"
 	@echo "make bench-grade grade 30 generated lab-01 submissions and print the time"

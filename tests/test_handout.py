@@ -49,7 +49,7 @@ def test_what_a_handout_holds(week4):
     assert {f"labs/{p.name}" for p in lesson_paths(LABS)} == {f for f in files if f.startswith("labs/")}
     assert {"README.md", "requirements.txt", "environment.yml", "utils/records.py", "utils/course/run.py",
             "utils/assets/tiny-qwen/model.safetensors", "utils/solutions/lesson03.py",
-            "docs/students.md", "docs/gpu.md"} <= files   # the guide the labs' headers link
+            "docs/students.md", "docs/gpu.md", "docs/exercises.md"} <= files   # the guide the labs' headers link
     assert "utils/solutions/lesson04.py" not in files
     assert not files & {"utils/solutions/lesson05.py", "utils/solutions/lesson07.py"}, \
         "no later lab's answers (lesson 07's gradient_coefficients computes lesson 04's group advantages)"

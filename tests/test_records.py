@@ -172,4 +172,4 @@ def test_end_to_end_with_kernel(tmp_path):
     assert read_records(path) == {"t/x": 0.25, "t/y": [1, 2], "t/z": 3}
     assert [len(c.outputs) for c in nb.cells] == [0, 1, 1, 0], "one output per show_records() with something to show"
     text = nb.cells[1].outputs[0]["data"]["text/plain"]
-    assert text.startswith("3 values recorded (t/x ... t/z): saved in this notebook"), text
+    assert text == "3 values recorded (t/x ... t/z): saved in this notebook (utils.read_records reads them back)", text

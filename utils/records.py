@@ -138,8 +138,8 @@ def show_records() -> None:
     keys = list(dict.fromkeys(PENDING))
     PENDING.clear()
     span = keys[0] if len(keys) == 1 else f"{keys[0]} ... {keys[-1]}"
-    text = (f"{len(keys)} value{'s' * (len(keys) > 1)} recorded ({span}): saved in this notebook for the tests, "
-            "the runner's summary and the grader; utils.records.RECORDS holds them")
+    text = (f"{len(keys)} value{'s' * (len(keys) > 1)} recorded ({span}): saved in this notebook "
+            "(utils.read_records reads them back)")
     display({RECORD_MIME: {"records": [[k, RECORDS[k]] for k in keys]}, "text/plain": text}, raw=True)
 
 

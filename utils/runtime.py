@@ -189,6 +189,21 @@ def hub_reachable(endpoint: str | None = None, timeout: float = 3.0) -> bool:
     return _reachable_cache[url]
 
 
+QUIET_BARS = ("Loading weights", "Writing model shards")   # transformers' bars around a model's weights
+
+
+def quiet_loading_bars() -> None:
+    """Hide transformers' progress bars for loading and saving a model's weights: a line on stderr for every model
+    a lesson loads or saves (a dozen in some), noise beside what the lesson prints. The Hub's download bars and the
+    trainers' progress stay. Called by :func:`utils.presets.resolve`, so every lesson gets it."""
+    from transformers.utils import logging as hf_logging
+
+    def hook(factory, args, kwargs):
+        return hf_logging.EmptyTqdm(*args, **kwargs) if kwargs.get("desc") in QUIET_BARS else factory(*args, **kwargs)
+
+    hf_logging.set_tqdm_hook(hook)
+
+
 def clear_cache() -> None:
     """Forget cached :func:`hub_reachable` results."""
     _reachable_cache.clear()

@@ -32,10 +32,11 @@ from pathlib import Path
 import nbformat
 
 from ..constants import REPO_ROOT, SOLUTIONS_DIR, UTILS_DIR
+from . import readme
 from .cells import LabError, exercise_of, is_answer
 from .labs import lab_text, lesson_paths
 from .lessons import lesson_number
-from .solutions import answer_source, module_name
+from .solutions import answer_source, module_name, needed_answers, parse_source, solution_imports
 
 # What of utils/ a student needs: what these and the labs import, the packages they import whole, the folders of
 # data (the embedded model); no instructor tools. A lesson module nothing in the handout imports stays out: a later
@@ -51,41 +52,10 @@ class HandoutError(ValueError):
 
 
 # ----------------------------------------------------------------------------- what depends on which answers
-def _solution_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
-    """``[(module, names)]`` for every import of ``utils.solutions.lessonNN`` in ``tree``."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [a.name for a in node.names]
-            if node.module.startswith("utils.solutions.") or (node.level and node.module.startswith("solutions.")):
-                found.append((node.module.rsplit(".", 1)[-1], names))
-            elif node.module in ("utils.solutions", "solutions") or (node.level and node.module == "solutions"):
-                found += [(n, ["*"]) for n in names if n.startswith("lesson")]
-        elif isinstance(node, ast.Import):
-            found += [(a.name.rsplit(".", 1)[-1], ["*"]) for a in node.names if a.name.startswith("utils.solutions.")]
-    return found
-
-
-def _parse(source: str) -> ast.AST | None:
-    try:
-        return ast.parse(source)
-    except SyntaxError:
-        return None   # a cell with IPython magics or a stub: nothing it imports can be read
-
-
-def needed_answers(lab) -> list[tuple[str, str, list[str]]]:
-    """``[(solutions module, where, names)]`` a lab imports (``where`` names the cell)."""
-    needs = []
-    for i, cell in enumerate(lab.cells):
-        if cell.cell_type == "code" and (tree := _parse(cell.source)) is not None:
-            needs += [(module, f"cell {i + 1}", names) for module, names in _solution_imports(tree)]
-    return needs
-
-
 def _answer_functions(lesson_path: Path):
     """``(answer cell, function node)`` for every function a lesson's answer cells define."""
     for cell in nbformat.read(lesson_path, as_version=4).cells:
-        if is_answer(cell) and (tree := _parse(answer_source(cell))) is not None:
+        if is_answer(cell) and (tree := parse_source(answer_source(cell))) is not None:
             for node in tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     yield cell, node
@@ -181,7 +151,7 @@ def leaks(root: Path, lesson_paths_withheld: list[Path]) -> list[str]:
     lengths = {len(shapes) for shapes in wanted}
     found = []
     for where, source in _sources(Path(root)):
-        tree = _parse(source)
+        tree = parse_source(source)
         if tree is None or not wanted:
             continue
         for block in _statement_lists(tree):
@@ -219,9 +189,9 @@ def _plan(withhold: list[str], labs: list[str] | None) -> tuple[list[Path], list
                 problems.append(f"lab {lesson.stem} ({where}) imports utils.solutions.{module}, which no lesson has")
     for path in sorted(UTILS_DIR.rglob("*.py")):
         rel = path.relative_to(UTILS_DIR)
-        if rel.parts[0] in ("solutions", "course") or (tree := _parse(path.read_text())) is None:
+        if rel.parts[0] in ("solutions", "course") or (tree := parse_source(path.read_text())) is None:
             continue
-        for module, _ in _solution_imports(tree):
+        for module, _ in solution_imports(tree):
             if module in withheld_modules:
                 problems.append(f"utils/{rel.as_posix()} imports utils.solutions.{module}, which is withheld")
     if problems:
@@ -252,7 +222,7 @@ def _module_files(parts: list[str]) -> list[Path]:
 def utils_imports(source: str, package: list[str]) -> set[Path]:
     """Files of ``utils/`` that ``source`` imports (absolute, or relative to the dotted ``package`` it is in), at any
     depth of the code (imports inside functions count)."""
-    tree, found = _parse(source), set()
+    tree, found = parse_source(source), set()
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -339,7 +309,7 @@ python3 -m venv .venv && .venv/bin/pip install -r requirements.txt   # or: conda
 Every lab runs on a laptop CPU with the embedded tiny model (`PRESET = "auto"` picks it), and on a
 Colab T4 or a 24 GB / 80 GB GPU with a real Qwen model. In China, set `HF_ENDPOINT=https://hf-mirror.com`.
 `docs/students.md` says how on each (Colab, AutoDL, a laptop) and which preset to pick; `docs/gpu.md` has
-what each preset costs.
+what each preset costs; `docs/exercises.md` lists every exercise with its graded check and points.
 
 ## Work on a lab
 
@@ -378,6 +348,8 @@ def build(out, withhold=(), labs=None, force: bool = False) -> dict:
                 (stage / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO_ROOT / name, stage / name)
         (stage / "README.md").write_text(_readme(included, withheld), encoding="utf-8")
+        (stage / "docs" / "exercises.md").write_text(readme.exercise_index(student=True, selected=included),
+                                                     encoding="utf-8")
         found = leaks(stage, withheld)
         if found:   # a helper that copies an answer: a bug of the course, never handed out
             raise HandoutError("a withheld answer appears in the handout:\n  - " + "\n  - ".join(found))

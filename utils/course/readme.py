@@ -1,13 +1,17 @@
-"""The README's table of lessons, written from the lessons themselves (``make labs`` refreshes it).
+"""The README's table of lessons and the exercise index (docs/exercises.md), written from the lessons themselves
+(``make labs`` refreshes both).
 
 Each row: the lesson's title (its header's first line), its lab and its answered notebook, the time its
 committed ``tiny`` run took (the notebook's ``NN/wall_seconds`` record), the estimated upper bound on a T4
 (``t4-16g``) and an RTX 4090 (``24g``) (:func:`utils.presets.estimate`, docs/gpu.md), and the lab's Colab link.
 Nothing in the table is typed by hand, so it cannot fall behind a lesson; ``tests/test_readme.py`` holds it to
-what this module writes.
+what this module writes. The exercise index (:func:`exercise_index`) lists every exercise: its lesson section,
+the functions it asks for, its graded check and points, the test files that exercise those functions, and the
+later labs that import its reference answer (so a handout's refusals are predictable).
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -15,9 +19,10 @@ import nbformat
 
 from ..constants import LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT
 from ..records import read_records
-from . import labs, lessons
+from . import cells, labs, lessons, solutions
 
 README = REPO_ROOT / "README.md"
+EXERCISES = REPO_ROOT / "docs" / "exercises.md"
 START, END = "<!-- lesson table: written by `make labs` (utils/course/readme.py) -->", "<!-- end of lesson table -->"
 CARDS = {"t4-16g": "Colab T4", "24g": "RTX 4090"}
 NUMBERS = {1: "One", 2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine",
@@ -80,15 +85,85 @@ def refresh(path: Path = README, repo: str | None = None) -> bool:
     return new != text
 
 
+def exercises(lesson: Path) -> list[dict]:
+    """``[{"exercise", "section", "functions", "check", "points", "what"}]`` for a lesson's answer cells, in order."""
+    found, section = [], ""
+    nb = nbformat.read(lesson, as_version=4)
+    checks = {cells.grade_id(c): c for c in nb.cells if cells.is_check(c)}
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            section = next((line[3:].strip() for line in reversed(c.source.splitlines()) if line.startswith("## ")),
+                           section)
+        elif cells.is_answer(c):
+            name = cells.exercise_of(c)
+            tree = ast.parse(solutions.answer_source(c))
+            check = checks.get(name)
+            what = check.source.splitlines()[0].removeprefix("# Graded check:").strip() if check is not None else ""
+            found.append({"exercise": name, "section": section.replace("`", ""), "check": name if check else "",
+                          "functions": [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))],
+                          "points": check.metadata.nbgrader["points"] if check is not None else 0, "what": what})
+    return found
+
+
+def _users(paths: list[Path]) -> dict[tuple[str, str], list[str]]:
+    """``{(lessonNN, function): [lab numbers that import it]}``."""
+    users: dict[tuple[str, str], list[str]] = {}
+    for path in paths:
+        for module, _, names in solutions.needed_answers(labs.lab_for(path)):
+            for name in names:
+                users.setdefault((module, name), []).append(lessons.lesson_number(path))
+    return users
+
+
+def exercise_index(student: bool = False, selected: list[Path] | None = None) -> str:
+    """docs/exercises.md: every exercise of the lessons (``selected``: those lessons only). ``student``: the
+    handout's version, without the course's test files (a handout holds none)."""
+    paths = selected or labs.lesson_paths()
+    users = _users(labs.lesson_paths())
+    tests = {p.relative_to(REPO_ROOT).as_posix(): p.read_text(encoding="utf-8")
+             for p in sorted((REPO_ROOT / "tests").glob("test_*.py"))} if not student else {}
+    lines = ["# Exercises", "",
+             "Every exercise of the labs, in order. Each asks for the functions named, in its answer cell; the graded "
+             "check right after it gives the points (the grader re-runs it with hidden tests, which the check names). "
+             "A lesson's reference answers are `utils/solutions/lessonNN.py` (not in a student's handout while its lab "
+             "is graded); a later lab that imports one waits until that lesson's answers may be seen. "
+             "Written by `make labs` from the lessons.", ""]
+    for path in paths:
+        number = lessons.lesson_number(path)
+        columns = ["exercise", "section", "write", "graded check", "points",
+                   *([] if student else ["its answer tested in"]), "imported by labs"]
+        lines += [f"## Lesson {number}: {title(path)}", "", "| " + " | ".join(columns) + " |",
+                  "| " + " | ".join("---:" if c == "points" else "---" for c in columns) + " |"]
+        for e in exercises(path):
+            later = sorted({lab for f in e["functions"] for lab in users.get((f"lesson{number}", f), [])}
+                           | set(users.get((f"lesson{number}", "*"), [])))
+            imports = re.compile(rf"^\s*from utils\.solutions(\.lesson{number} import| import lesson{number}\b)", re.M)
+            where = sorted(name for name, text in tests.items() if imports.search(text)
+                           and any(re.search(rf"\b{re.escape(f)}\b", text) for f in e["functions"]))
+            row = [f"`{e['exercise']}`", e["section"], ", ".join(f"`{f}`" for f in e["functions"]),
+                   e["what"] or "-", str(e["points"])]
+            if not student:
+                row.append(", ".join(f"`{w}`" for w in where) or "-")
+            row.append(", ".join(later) or "-")
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m utils readme", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the README's table is out of date")
     args = parser.parse_args(argv)
+    index = exercise_index()
     if args.check:
         stale = refreshed(README.read_text(encoding="utf-8")) != README.read_text(encoding="utf-8")
-        print("README.md's lesson table is out of date: run `make labs`" if stale else "README.md is up to date")
+        stale = stale or not EXERCISES.is_file() or EXERCISES.read_text(encoding="utf-8") != index
+        print("README.md or docs/exercises.md is out of date: run `make labs`" if stale else "both are up to date")
         return 1 if stale else 0
     print("rewrote README.md's lesson table" if refresh() else "README.md's lesson table is up to date")
+    if not EXERCISES.is_file() or EXERCISES.read_text(encoding="utf-8") != index:
+        EXERCISES.write_text(index, encoding="utf-8")
+        print("rewrote docs/exercises.md")
     return 0

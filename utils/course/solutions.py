@@ -144,3 +144,35 @@ def stale(lesson_paths: list[Path], solutions_dir: Path = SOLUTIONS_DIR) -> list
     problems += [f"{p.name}: no lesson of that number" for p in sorted(Path(solutions_dir).glob("lesson[0-9]*.py"))
                  if p.name not in expected]
     return problems
+
+
+# ----------------------------------------------------------------------------- who imports an answer
+def solution_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    """``[(module, names)]`` for every import of ``utils.solutions.lessonNN`` in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [a.name for a in node.names]
+            if node.module.startswith("utils.solutions.") or (node.level and node.module.startswith("solutions.")):
+                found.append((node.module.rsplit(".", 1)[-1], names))
+            elif node.module in ("utils.solutions", "solutions") or (node.level and node.module == "solutions"):
+                found += [(n, ["*"]) for n in names if n.startswith("lesson")]
+        elif isinstance(node, ast.Import):
+            found += [(a.name.rsplit(".", 1)[-1], ["*"]) for a in node.names if a.name.startswith("utils.solutions.")]
+    return found
+
+
+def parse_source(source: str) -> ast.AST | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None   # a cell with IPython magics or a stub: nothing it imports can be read
+
+
+def needed_answers(lab) -> list[tuple[str, str, list[str]]]:
+    """``[(solutions module, where, names)]`` a lab imports (``where`` names the cell)."""
+    needs = []
+    for i, cell in enumerate(lab.cells):
+        if cell.cell_type == "code" and (tree := parse_source(cell.source)) is not None:
+            needs += [(module, f"cell {i + 1}", names) for module, names in solution_imports(tree)]
+    return needs

@@ -333,6 +333,7 @@ def resolve(preset: str = "auto", lesson: str = "01", **overrides) -> LessonConf
     name = preset_name(preset)
     if name != "auto" and name not in PRESETS:
         raise ValueError(f"Unknown preset {preset!r}; choose one of {['auto', *PRESETS]}.")
+    runtime.quiet_loading_bars()
     lesson = _lesson_id(lesson)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     seed = int(overrides.pop("seed", 0))
