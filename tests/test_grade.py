@@ -189,8 +189,8 @@ def test_feedback_shows_the_course_headline_of_a_self_reported_run():
     assert "PERFECT SCORE" not in text.split("<details>")[0]
     assert "format compliance, base → SFT   not recorded → not recorded" in text
     assert "      full SFT  0.300 ± 0.045   +20.0 ± 5.5 pts vs base" in text
-    assert "| 01/lora_accuracy | &quot;&#124;x&#124;\\n# fake&quot; |" in text    # a record never breaks the table ...
-    assert "| 01/x&#124;y # You scored 100% | &quot;&lt;/details&gt;&lt;!--&quot; |" in text   # ... nor the page
+    assert '| 01/lora_accuracy | "&#124;x&#124;\\n# fake" |' in text    # a record never breaks the table ...
+    assert '| 01/x&#124;y # You scored 100% | "&lt;/details&gt;&lt;!--" |' in text   # ... nor the page
     assert grade.course_headline(nbformat.v4.new_notebook()) is None
 
 
@@ -247,9 +247,12 @@ print(sys.modules.get("rfc3987_syntax"))
 def test_a_name_is_shown_as_text_whatever_its_bytes():
     raw = os.fsdecode(b"caf\xe9")   # Latin-1 from an old unzip: not UTF-8
     assert submissions.shown_name(raw) == "caf\ufffd"
-    assert submissions.shown_name("a\rb\nc\x1b[2Kd\u202ee") == "a?b?c?[2Kd?e", "no line break, ANSI escape or bidi"
+    assert submissions.shown_name("a\rb\nc\x1b[2Kd\u202ee\u2028f") == "a?b?c?[2Kd?e?f", "no line break, escape or bidi"
     assert submissions.safe_name("名" * 100).encode("utf-8") == ("名" * 33).encode("utf-8"), "at most 100 bytes"
     assert len(submissions.safe_name("x" * 300)) == 100
+    subs = [{"student": s} for s in ("alice", "alice.md.md", "Alice.MD")]   # no figures folder is a feedback file
+    submissions.unique_safe_names(subs)
+    assert [s["safe"] for s in subs] == ["alice", "alice-2", "Alice-3"]
 
 
 def test_any_file_name_gets_a_row_of_its_own_and_a_feedback_file_it_names(tmp_path):
@@ -265,20 +268,23 @@ def test_any_file_name_gets_a_row_of_its_own_and_a_feedback_file_it_names(tmp_pa
             f.write("not a notebook")
     (subs / "dup").mkdir()
     (subs / "dup" / "01_sft_from_scratch.ipynb").write_text("{}")
+    (subs / "dup (dup.ipynb).ipynb").write_text("{}")   # the name a told-apart entry takes, taken already
     out = tmp_path / "grades"
     for _ in range(2):   # the second run reads the first one's grades.csv for marks
         lines = []
         rows = grade.grade_folder(subs, "01", out, jobs=1, progress=lines.append, box=None)
-        assert len(rows) == len(names) + 1
+        assert len(rows) == len(names) + 2
         with open(out / "grades.csv", newline="", encoding="utf-8") as f:
             got = list(csv.DictReader(f))
-        assert len(got) == len(names) + 1 and len({r["student"] for r in got}) == len(got)
+        assert len(got) == len(names) + 2 and len({r["student"].casefold() for r in got}) == len(got)
         assert len({r["feedback"] for r in got}) == len(got)
         for r in got:
             text = (out / r["feedback"]).read_text(encoding="utf-8")
             assert not any(ch in text for ch in "\r\x1b\ud800"), r["student"]
             assert "invalid-notebook" in r["flags"] and "unsandboxed" in r["flags"]
-        assert {r["student"] for r in got if "same-name" in r["flags"]} == {"dup (dup.ipynb)", "dup (dup/)"}
+        # a file's own name comes first; the entry told apart from dup/ takes a number
+        assert {r["student"] for r in got if "same-name" in r["flags"]} == {"dup (dup.ipynb) #2", "dup (dup/)"}
+        assert "dup (dup.ipynb)" in {r["student"] for r in got if "same-name" not in r["flags"]}
         assert not any("\x1b" in line or "\r" in line for line in lines), "nothing a name holds reaches the console"
 
 
@@ -291,3 +297,6 @@ def test_a_submissions_text_cannot_restyle_its_feedback():
     assert text.count("**Score:") == 1 and text.count("\n# ") == 0 and text.startswith("# 01_sft_from_scratch")
     assert "<img" not in text and "`code`" not in text and "](http" not in text
     assert "&lt;img src=x&gt;" in text and "&#42;&#42;Score: 12 / 12&#42;&#42;" in text
+    records = {"01/[click](http://evil.example)": "**bold** www.evil.example", "01/preset": "tiny](http://x)"}
+    text = grade.feedback_markdown("eve", "01_sft_from_scratch", {}, {"records": records}, "eve")
+    assert "](http" not in text and "http://" not in text and "www.evil" not in text and "**bold**" not in text

@@ -169,6 +169,21 @@ def test_marks_kept_and_manual_points_once_all_are_marked(tmp_path):
 
 
 
+def test_the_graders_zero_is_not_carried_as_a_mark(tmp_path):
+    """The 0 the grader gave an unanswered question (flagged) is decided again at the next run: a resubmission that
+    answers it is not stuck at 0. A 0 the instructor typed (no flag) and any other mark are kept."""
+    asked = [{"grade_id": "a-written", "points": 2}, {"grade_id": "b-written", "points": 3}]
+    path = tmp_path / "grades.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["student", "a-written", "b-written", "flags"],
+                                 ["ann", "0", "0", "unanswered:a-written renamed"], ["ben", "0", "1", ""],
+                                 ["cy", "1", "", "unanswered:a-written"]])
+    marks, _ = written.previous_marks(path, asked)
+    assert marks == {"ann": {"b-written": "0"}, "ben": {"a-written": "0", "b-written": "1"}, "cy": {"a-written": "1"}}
+    assert written.unanswered(asked, {"a-written": {"status": "missing"}, "b-written": {"status": "answered"}}) == \
+        ["unanswered:a-written"]
+
+
 def test_an_unanswered_question_is_zero_unless_the_instructor_typed_a_mark():
     asked = [{"grade_id": "a-written", "points": 2}, {"grade_id": "b-written", "points": 3}]
     answered = {"a-written": {"status": "not-answered"}, "b-written": {"status": "missing"}}

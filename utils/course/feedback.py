@@ -17,8 +17,7 @@ from .lessons import meta_of
 def _md_cell(text: str) -> str:
     """Text a student wrote as one markdown table cell: at most 200 characters, HTML escaped (no ``</details>``
     or ``<!--`` can end the page's structure), no ``|``, backtick or line break of its own."""
-    text = html.escape(str(text)[:200]).replace("|", "&#124;").replace("`", "&#96;")
-    return " ".join(text.split())
+    return _md_text(text, 200)
 
 
 def _md_text(text, limit: int = 600) -> str:
@@ -27,7 +26,8 @@ def _md_text(text, limit: int = 600) -> str:
     own), no ``|``, backtick, ``*`` or ``](`` (no table cell, code span, emphasis, link or image), at most ``limit``
     characters."""
     text = html.escape(str(text)[:limit], quote=False)
-    for ch, entity in (("|", "&#124;"), ("`", "&#96;"), ("*", "&#42;"), ("](", "]&#40;")):
+    for ch, entity in (("|", "&#124;"), ("`", "&#96;"), ("*", "&#42;"), ("](", "]&#40;"), ("://", ":&#47;&#47;"),
+                       ("www.", "www&#46;")):   # no link, and no address a viewer turns into one
         text = text.replace(ch, entity)
     return " ".join(text.split())
 

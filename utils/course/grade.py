@@ -222,6 +222,8 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     asked = written.questions(lesson)
     manual = written.manual_row(asked, marks or {}, result.get("written"))
     row.update(manual)
+    row["flags"] = " ".join([*row["flags"].split(), *(f for f in written.unanswered(asked, result.get("written"))
+                                                      if manual.get(f.split(":", 1)[1]) == "0")])
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     feedback = feedback_markdown(student, lab_name, sub, result, safe, headline, asked, manual)
     (out / "feedback" / f"{safe}.md").write_text(feedback, encoding="utf-8")

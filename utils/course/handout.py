@@ -348,6 +348,7 @@ def build(out, withhold=(), labs=None, force: bool = False) -> dict:
                 (stage / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO_ROOT / name, stage / name)
         (stage / "README.md").write_text(_readme(included, withheld), encoding="utf-8")
+        (stage / "docs").mkdir(exist_ok=True)
         (stage / "docs" / "exercises.md").write_text(readme.exercise_index(student=True, selected=included),
                                                      encoding="utf-8")
         found = leaks(stage, withheld)

@@ -25,7 +25,8 @@ def shown_name(name: str) -> str:
     Python reads as surrogates) become U+FFFD, control and format characters (line breaks, ANSI escapes, bidi
     overrides) become ``?``, and it is cut to :data:`MAX_NAME_CHARS` characters."""
     text = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return "".join("?" if unicodedata.category(ch).startswith("C") else ch for ch in text)[:MAX_NAME_CHARS]
+    return "".join("?" if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") else ch
+                   for ch in text)[:MAX_NAME_CHARS]
 
 
 def find_submissions(folder: Path, lab_name: str, exclude: Path | None = None) -> list[dict]:
@@ -90,11 +91,19 @@ def _tell_apart(subs: list[dict]) -> None:
     for group in by_name.values():
         if len(group) < 2:
             continue
+        shown = group[0]["student"]
         for s in group:
             s["student"] = f"{s['student']} ({s['entry']})"
             s["flags"].append("same-name")
-            s["detail"] = "; ".join(filter(None, [s["detail"], f"{len(group)} entries give the name "
-                                                  f"{group[0]['student'].split(' (')[0]!r}: told apart by the entry"]))
+            s["detail"] = "; ".join(filter(None, [s["detail"], f"{len(group)} entries give the name {shown!r}: "
+                                                                "told apart by the entry"]))
+    seen: set[str] = set()
+    for s in subs:   # a name told apart may meet another entry's own name: number what is left
+        base, k = s["student"], 1
+        while s["student"].casefold() in seen:
+            k += 1
+            s["student"] = f"{base} #{k}"
+        seen.add(s["student"].casefold())
 
 
 def _folder_files(folder: Path, skip: set) -> tuple[list[Path], list[Path]]:
@@ -148,7 +157,9 @@ def safe_name(student: str) -> str:
     :data:`MAX_SAFE_BYTES` bytes of UTF-8 (a name of 100 CJK characters is 300 bytes: too long for a file system)."""
     name = re.sub(r"[^\w.-]+", "_", shown_name(student))
     name = name.encode("utf-8")[:MAX_SAFE_BYTES].decode("utf-8", "ignore").strip(".")
-    return (name[: -len(".md")] if name.endswith(".md") else name) or "student"
+    while name.lower().endswith(".md"):   # alice.md.md would name a figures folder feedback/alice.md/: alice's file
+        name = name[: -len(".md")].strip(".")
+    return name or "student"
 
 
 def unique_safe_names(subs: list[dict]) -> None:

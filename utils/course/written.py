@@ -183,7 +183,8 @@ def previous_marks(csv_path: Path, asked: list[dict], lab_name: str | None = Non
 
     Raises :class:`MarksUnreadable` when the file cannot be read as CSV, has no ``student`` column or
     is another lab's (the grader would overwrite it). A name on two rows with different marks (two
-    submissions under one name) carries none of them, and ``notes`` says so.
+    submissions under one name) carries none of them, and ``notes`` says so. A 0 the grader gave an unanswered
+    question (the row's ``unanswered:<grade_id>`` flag) is not a mark: the next run decides again.
     """
     if not asked or not Path(csv_path).is_file():
         return {}, []
@@ -205,7 +206,9 @@ def previous_marks(csv_path: Path, asked: list[dict], lab_name: str | None = Non
     for row in rows:
         if not isinstance(row.get("student"), str):
             continue
-        got = {g: row[g].strip() for g in ids if isinstance(row.get(g), str) and row[g].strip()}
+        automatic = set(str(row.get("flags") or "").split())   # the grader's 0 for an unanswered question
+        got = {g: row[g].strip() for g in ids if isinstance(row.get(g), str) and row[g].strip()
+               and not (row[g].strip() == "0" and f"{UNANSWERED}:{g}" in automatic)}
         student = row["student"]
         if student in seen and seen[student] != got and student not in conflicted:
             conflicted.add(student)
@@ -214,6 +217,15 @@ def previous_marks(csv_path: Path, asked: list[dict], lab_name: str | None = Non
         if got:
             marks[student] = got
     return {k: v for k, v in marks.items() if k not in conflicted}, notes
+
+
+UNANSWERED = "unanswered"   # flag: the grader marked this written question 0 (not the instructor)
+
+
+def unanswered(asked: list[dict], answered: dict[str, dict] | None) -> list[str]:
+    """The flags of the written questions a submission left unanswered (the stub, or the cell missing)."""
+    return [f"{UNANSWERED}:{q['grade_id']}" for q in asked
+            if (answered or {}).get(q["grade_id"], {}).get("status") in ("not-answered", "missing")]
 
 
 def columns(asked: list[dict]) -> dict[str, str]:
