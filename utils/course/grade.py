@@ -184,6 +184,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
            "feedback": f"feedback/{safe}.md"}
     sub["file"] = row["file"]
     result: dict = {}
+    asked = written.questions(lesson)
     try:
         nb, reason = load(sub["path"]) if sub.get("path") else (None, sub.get("detail") or "no file")
         if nb is None:
@@ -193,7 +194,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
                 for c in lesson.cells if is_check(c)}}
         else:
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
-            answered = written.answers(nb, written.questions(lesson))   # read first: a grading error keeps them
+            answered = written.answers(nb, asked)   # read first: a grading error keeps them
             result = {"written": answered}
             result = {**grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box,
                                        lesson_number(lab_name)), "written": answered}
@@ -219,7 +220,6 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
     for k, v in meta_of(result.get("records", {})).items():
         row[k] = "" if v is None else v
-    asked = written.questions(lesson)
     manual = written.manual_row(asked, marks or {}, result.get("written"))
     row.update(manual)
     row["flags"] = " ".join([*row["flags"].split(), *(f for f in written.unanswered(asked, result.get("written"))

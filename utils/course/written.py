@@ -240,9 +240,8 @@ def manual_row(asked: list[dict], marks: dict[str, str], answered: dict[str, dic
     ``answered`` (:func:`answers`): a question the submission left unanswered (the stub, or the cell missing)
     is marked 0 unless the instructor typed a mark for it; there is nothing to read."""
     row = columns(asked)
-    for q in asked:
-        if (answered or {}).get(q["grade_id"], {}).get("status") in ("not-answered", "missing"):
-            row[q["grade_id"]] = "0"
+    for flag in unanswered(asked, answered):
+        row[flag.split(":", 1)[1]] = "0"
     row.update({g: m for g, m in marks.items() if g in row and str(m).strip()})
     values = [number(row[q["grade_id"]], q["points"]) for q in asked]
     if asked and all(v is not None for v in values):
