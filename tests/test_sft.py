@@ -256,3 +256,28 @@ def test_lessons_with_the_same_recipe_share_one_sft_model(tmp_path, tok):
     sft.sft_checkpoint(presets.resolve("tiny", lesson="01", max_steps=3), tok, problems, tmp_path / "runs" / "06_y")
     kept = load_file(shared / "model.safetensors")
     assert all(torch.equal(kept[k], weights[0][k]) for k in kept), "writing a lesson's model changed the shared one"
+
+
+def test_a_recipe_trained_side_by_side_is_trained_once(tmp_path, tok):
+    """Two lessons executed side by side in one folder (``make test``) need the same SFT start: the second waits
+    for the first's training (a lock file beside the shared copy) and takes its model instead of training too."""
+    import fcntl
+    import threading
+
+    cfg = presets.resolve("tiny", lesson="01", max_steps=2)
+    problems = data.make_problems(16, split="train", seed=0)
+    shared = tmp_path / "runs" / sft.SHARED_DIR / sft.recipe_digest(cfg, tok, problems)
+    shared.parent.mkdir(parents=True)
+    done = {}
+    with open(shared.with_name(f".{shared.name}.lock"), "w") as lock:   # the first lesson, training
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: done.update(
+            dir=sft.sft_checkpoint(cfg, tok, problems, tmp_path / "runs" / "07_y")))
+        second.start()
+        second.join(timeout=2.0)
+        assert second.is_alive(), "the second lesson waits while the first trains"
+        first = sft._trained_or_shared(cfg, tok, problems, tmp_path / "runs" / "04_x",
+                                       tmp_path / "runs" / "04_x" / "sft-model", shared)
+    second.join(timeout=60)
+    assert not second.is_alive() and sft.reused(done["dir"]) and not sft.reused(first)
+    assert not (tmp_path / "runs" / "07_y" / "sft").exists(), "the second lesson did not train"

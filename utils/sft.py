@@ -13,6 +13,7 @@ closes it -- the model must learn to *stop* -- and nothing else: no system/user 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -334,12 +335,49 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
     Returns the model's directory: load the model from it, never reuse the trained object (trainers patch
     the ``forward`` of the model they are given).
     """
-    from transformers import AutoModelForCausalLM
-
     sft_dir = Path(output_dir) / "sft-model"
     if resume and (sft_dir / "config.json").exists():
         return _loaded(sft_dir)
     shared = Path(output_dir).parent / SHARED_DIR / recipe_digest(cfg, tokenizer, problems)
+    with _training_lock(shared):      # another lesson training this recipe in this folder: wait, then take its model
+        return _trained_or_shared(cfg, tokenizer, problems, output_dir, sft_dir, shared)
+
+
+@contextlib.contextmanager
+def _training_lock(shared: Path):
+    """Hold ``shared``'s lock file while the model is looked for, trained and shared: two lessons executed side by
+    side in one folder (``make test``, two terminals) train a recipe once, the second waiting for the first. No
+    lock where the file system or the platform has none (``fcntl``: Linux, macOS)."""
+    try:
+        import fcntl
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(shared.with_name(f".{shared.name}.lock"), "w")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        try:
+            if _lock_wait(fcntl, handle):
+                print(f"SFT start: another run in this folder is training the same recipe; waiting for its model "
+                      f"({SHARED_DIR}/{shared.name})")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:                                # e.g. a file system without locks: go on without
+            pass
+        yield
+
+
+def _lock_wait(fcntl, handle) -> bool:
+    """Take the lock without waiting; True when another process holds it (the caller then waits for it)."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+
+
+def _trained_or_shared(cfg, tokenizer, problems, output_dir, sft_dir: Path, shared: Path) -> Path:
+    from transformers import AutoModelForCausalLM
+
     if (shared / "config.json").exists() and (shared / RNG_FILE).exists():
         print(f"SFT start: the same recipe, data and base model as an earlier lesson's; loading its model from "
               f"{SHARED_DIR}/{shared.name} instead of training again")
