@@ -17,8 +17,10 @@ idle machine.
 from __future__ import annotations
 
 import fnmatch
+import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -42,14 +44,46 @@ PARTS = {
 # 58, unit tests 207; the unit tests alone took 118-131 s, then about 12 s more with Qwen's real tokenizers
 # (tests/test_qwen_tokenizers.py, the Qwen cases of tests/test_agent.py).
 SUITE_BUDGET_S = 25 * 60 - 150   # CI's 25 minutes, less a fresh clone's install (about 2 min 30 s)
-FAST_BUDGET_S = 3 * 60           # make test-fast, collection and start-up included
-FAST_UNIT_BUDGET_S = 150         # the unit tests alone (make test-fast)
+FAST_BUDGET_S = 3 * 60           # make test-fast, collection and start-up included (its wall time)
+FAST_UNIT_BUDGET_S = 170         # the unit tests' own times summed, over xdist's workers too (make test-fast)
 UNIT = "unit tests (make test-fast)"
+CPU_PROPERTY = "budget_cpu_s"   # a test report's CPU seconds (user_properties)
 MOVED_FROM = {"lesson executions": "lesson record tests and nbval",
               "side venv installs": "nbgrader and verl (side venvs)"}
 
 _extra: dict[str, float] = defaultdict(float)   # seconds of work named outside the tests (lessons, venv installs)
 _details: dict[str, list] = defaultdict(list)
+_cpu_extra: dict[str, float] = defaultdict(float)   # CPU seconds of that work (the lessons' executions)
+_cpu_apart = [0.0]                                  # all of it: taken out of the test during which it was counted
+
+
+def cpu_seconds() -> float:
+    """CPU time (user and system) of this process and of its children that have been waited for: what the test
+    session computed so far, its kernels, graders and pip installs included."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine computed since boot, seconds the hypervisor took from it: steal), from
+    ``/proc/stat``; None where there is none. Unlike :func:`cpu_seconds` it counts what the grader's sandbox runs
+    (a PID namespace reaps those processes, so their time reaches no parent) and whatever else the machine did."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def note_cpu(part: str, cpu: float) -> None:
+    """Count ``cpu`` seconds of CPU time to ``part`` (a lesson's execution), not to the test that was running while
+    it was counted (a background execution reaped, or a lesson executed in this process)."""
+    _cpu_extra[part] += cpu
+    _cpu_apart[0] += cpu
 
 
 def note(part: str, seconds: float, what: str | None) -> None:
@@ -60,10 +94,10 @@ def note(part: str, seconds: float, what: str | None) -> None:
         _details[part].append((what, seconds))
 
 
-def detail(part: str, what: str, seconds: float) -> None:
+def detail(part: str, what: str, seconds: float, cpu: float | None = None) -> None:
     """A line under ``part`` in the table, counted to nothing: work done beside the session's own (a lesson
-    executed in the background, whose wait :func:`note` counted)."""
-    _details[part].append((what, seconds))
+    executed in the background, whose wait :func:`note` counted), with its CPU time when known."""
+    _details[part].append((what, seconds) if cpu is None else (what, seconds, cpu))
 
 
 def part_of(path: str, keywords) -> str:
@@ -81,10 +115,15 @@ class Breakdown:
 
     def __init__(self):
         self.tests = defaultdict(float)
+        self.cpu = defaultdict(float)       # CPU seconds per part (the tests' own; the lessons' from note_cpu)
         self.start = time.perf_counter()
+        self.cpu_start, self.machine_start = cpu_seconds(), machine_cpu()
 
     def add(self, path: str, keywords, seconds: float) -> None:
         self.tests[part_of(path, keywords)] += seconds
+
+    def add_cpu(self, path: str, keywords, cpu: float) -> None:
+        self.cpu[part_of(path, keywords)] += cpu
 
     def parts(self, extra: dict[str, float]) -> dict[str, float]:
         """Seconds per part. What was noted apart is moved out of the parts whose tests started it: lesson
@@ -97,11 +136,17 @@ class Breakdown:
                 out[source] = max(0.0, out[source] - seconds)
         return {p: out[p] for p in PARTS if p in out}
 
-    def report(self, extra: dict[str, float], details=None) -> tuple[list[str], list[str]]:
-        """(lines of the table, the parts over budget); ``details``: part -> [(what, seconds)], shown under it."""
+    def report(self, extra: dict[str, float], details=None, cpu_extra=None) -> tuple[list[str], list[str]]:
+        """(lines of the table, the parts over budget); ``details``: part -> [(what, seconds[, CPU seconds])], shown
+        under it; ``cpu_extra``: part -> CPU seconds noted apart (:func:`note_cpu`). The CPU column is what a part
+        computed, whatever ran beside it: the figure to compare from hour to hour (CPU time still stretches by
+        part of a slow hour's 20-50 %, wall time by all of it and by what shared the cores)."""
         details = details or {}
+        cpu = {**self.cpu}
+        for part, seconds in (cpu_extra or {}).items():
+            cpu[part] = cpu.get(part, 0.0) + seconds
         parts = self.parts(extra)
-        lines = [f"{'part':<40} {'seconds':>8} {'budget':>7}"]
+        lines = [f"{'part':<40} {'seconds':>8} {'budget':>7} {'CPU s':>7}"]
         over = []
         fast = set(parts) <= {UNIT}
         for part, seconds in parts.items():
@@ -109,14 +154,29 @@ class Breakdown:
             flag = "  OVER" if seconds > budget else ""
             if flag:
                 over.append(f"{part} ({seconds:.0f} s of {budget} s)")
-            lines.append(f"{part:<40} {seconds:8.0f} {budget:7d}{flag}")
-            lines.extend(f"    {what:<36} {s:8.0f}" for what, s in details.get(part, ()))
+            used = f"{cpu[part]:7.0f}" if part in cpu else " " * 7
+            lines.append(f"{part:<40} {seconds:8.0f} {budget:7d} {used}{flag}")
+            for what, s, *c in details.get(part, ()):
+                lines.append(f"    {what:<36} {s:8.0f} {'':7} {c[0]:7.0f}" if c else f"    {what:<36} {s:8.0f}")
         wall = time.perf_counter() - self.start
         limit, name = (FAST_BUDGET_S, "make test-fast") if fast else (SUITE_BUDGET_S, "make test")
-        lines.append(f"{'the session (' + name + ')':<40} {wall:8.0f} {limit:7d}{'  OVER' if wall > limit else ''}")
+        total = cpu_seconds() - self.cpu_start
+        lines.append(f"{'the session (' + name + ')':<40} {wall:8.0f} {limit:7d} {total:7.0f}"
+                     f"{'  OVER' if wall > limit else ''}")
+        lines.append(f"(CPU time {total / 60:.1f} min in {wall / 60:.1f} min: {total / max(wall, 1e-9):.2f} of the "
+                     f"machine's {_cores()} cores busy on average, the grader's sandboxed runs not counted)")
+        now = machine_cpu()
+        if now is not None and self.machine_start is not None:
+            busy, steal = (a - b for a, b in zip(now, self.machine_start))
+            lines.append(f"(the whole machine meanwhile: {busy / 60:.1f} CPU-min, {busy / max(wall, 1e-9):.2f} cores busy; "
+                         f"{steal:.0f} s taken by the hypervisor)")
         if wall > limit:
             over.append(f"the session ({wall:.0f} s of {limit} s)")
         return lines, over
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # ----------------------------------------------------------------------------- pytest hooks
@@ -132,8 +192,25 @@ class _Collector:
         self.markers.update((item.nodeid, {m.name for m in item.iter_markers()}) for item in items)
 
     def pytest_runtest_logreport(self, report):
-        markers = self.markers.get(report.nodeid, set())
-        self.breakdown.add(report.location[0].replace("\\", "/"), markers, report.duration)
+        # under pytest-xdist (make test-fast) the tests are collected in the workers: the markers come from the
+        # report's keywords then
+        markers = self.markers.get(report.nodeid) or {k for k in ("lesson", "slow") if k in report.keywords}
+        path = report.location[0].replace("\\", "/")
+        self.breakdown.add(path, markers, report.duration)
+        cpu = dict(report.user_properties).get(CPU_PROPERTY)
+        if cpu is not None:
+            self.breakdown.add_cpu(path, markers, cpu)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.mark = cpu_seconds() - _cpu_apart[0]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):   # each phase's CPU time travels in its report (to xdist's too)
+        outcome = yield
+        now = cpu_seconds() - _cpu_apart[0]
+        outcome.get_result().user_properties.append((CPU_PROPERTY, now - getattr(self, "mark", now)))
+        self.mark = now
 
 
 def pytest_addoption(parser):
@@ -151,7 +228,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     breakdown = getattr(config, "_budget", None)
     if breakdown is None or not breakdown.tests:
         return
-    lines, over = breakdown.report(_extra, _details)
+    lines, over = breakdown.report(_extra, _details, _cpu_extra)
     terminalreporter.section("where the time went (tests/budget.py)")
     for line in lines:
         terminalreporter.write_line(line)

@@ -77,6 +77,23 @@ def expected_seconds(lesson: str) -> float:
         return 0.0
 
 
+def reap(proc: subprocess.Popen) -> float | None:
+    """None while ``proc`` runs; once it has ended, reap it (setting its ``returncode``) and return its CPU time
+    with that of the processes it waited for (its kernel): what it computed (``os.wait4``; 0.0 where that is
+    missing)."""
+    if proc.returncode is not None or not hasattr(os, "wait4"):
+        return None if proc.poll() is None else 0.0
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:                      # reaped elsewhere (Popen.poll from another thread)
+        proc.poll()
+        return 0.0
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
 class LessonRuns:
     """The session's executions of the lessons, each made once: on first request, or in the background after
     :meth:`prefetch`."""
@@ -112,10 +129,11 @@ class LessonRuns:
                     self.note("lesson executions", time.perf_counter() - start, None)
             if lesson not in self.results:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), budget.cpu_seconds()
                 self.results[lesson] = execute_job(lesson, self.out_dir, self.seed)
                 if self.note is not None:
                     self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
+                    budget.note_cpu("lesson executions", budget.cpu_seconds() - cpu)
             return self.results[lesson]
 
     # ------------------------------------------------------------------ background executions, side by side
@@ -135,7 +153,7 @@ class LessonRuns:
     def _execute_side_by_side(self, todo: list[str]) -> None:
         started: dict[str, tuple[float, Path]] = {}
         reason = "the session stopped before it finished"
-        begin = time.perf_counter()
+        begin, cpu_total = time.perf_counter(), 0.0
         try:
             while (todo or self._procs) and not self._stop.is_set():
                 while todo and len(self._procs) < self.workers:
@@ -145,12 +163,15 @@ class LessonRuns:
                         lesson = todo.pop(0)
                         started[lesson] = (time.perf_counter(), self._start(lesson))
                 for lesson, proc in list(self._procs.items()):
-                    if proc.poll() is not None:
+                    cpu = reap(proc)
+                    if cpu is not None:
+                        cpu_total += cpu
                         del self._procs[lesson]
                         start, result_file = started[lesson]
-                        self._finish(lesson, proc.returncode, result_file, time.perf_counter() - start)
+                        self._finish(lesson, proc.returncode, result_file, time.perf_counter() - start, cpu)
                         if self.note is not None and not todo and not self._procs:
-                            budget.detail("lesson executions", "all, in the background", time.perf_counter() - begin)
+                            budget.detail("lesson executions", "all, in the background", time.perf_counter() - begin,
+                                          cpu_total)
                         self._ready[lesson].set()
                 time.sleep(0.2)
         except BaseException as e:  # noqa: BLE001 -- every test waiting for a lesson gets the reason
@@ -176,7 +197,7 @@ class LessonRuns:
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return result_file
 
-    def _finish(self, lesson: str, returncode: int, result_file: Path, seconds: float) -> None:
+    def _finish(self, lesson: str, returncode: int, result_file: Path, seconds: float, cpu: float = 0.0) -> None:
         if result_file.is_file():
             result = json.loads(result_file.read_text())
         else:
@@ -187,7 +208,8 @@ class LessonRuns:
         self.results[lesson] = result
         if self.note is not None:
             what = f"rehearsal {lesson}" if "@" in lesson else f"lesson {lesson}"
-            budget.detail("lesson executions", f"{what} (side by side)", seconds)
+            budget.detail("lesson executions", f"{what} (side by side)", seconds, cpu)
+            budget.note_cpu("lesson executions", cpu)
 
     def stop(self) -> None:
         """Stop the background executions: SIGTERM (each kills its kernel), SIGKILL with their kernels after

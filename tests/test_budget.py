@@ -36,6 +36,15 @@ def test_work_noted_apart_leaves_the_part_that_started_it():
     lines, over = b.report({"lesson executions": 125.0, "side venv installs": 40.0},
                            {"lesson executions": [("lesson 01", 125.0)]})
     assert any("lesson 01" in line for line in lines) and not over
+    b.add_cpu("tests/test_sft.py", {}, 8.5)
+    lines, over = b.report({"lesson executions": 125.0}, {"lesson executions": [("lesson 01", 125.0, 190.0)]},
+                           {"lesson executions": 190.0})
+    (row,) = [line.split() for line in lines if line.startswith("unit tests")]
+    assert row[-1] == "8", "the CPU column: the part's own"
+    (row,) = [line.split() for line in lines if line.startswith("lesson executions")]
+    assert row[-1] == "190", "and the work noted apart"
+    assert [line.split()[-1] for line in lines if "lesson 01" in line] == ["190"]
+    assert any("cores busy on average" in line for line in lines[-2:])
     lines, over = b.report({"lesson executions": 5000.0, "side venv installs": 40.0})
     assert over == [f"lesson executions (5000 s of {budget.PARTS['lesson executions'][0]} s)"]
     assert any(line.startswith("lesson executions") and line.endswith("OVER") for line in lines)
@@ -50,3 +59,20 @@ def test_the_session_prints_its_parts_and_fails_over_budget_only_when_strict(pyt
     result.stdout.fnmatch_lines(["*where the time went (tests/budget.py)*", "unit tests (make test-fast)*OVER",
                                  "over budget: unit tests (make test-fast)*"])
     assert result.ret == (1 if strict else 0)
+
+
+def test_under_xdist_the_workers_tests_and_their_cpu_time_reach_the_table(pytester, monkeypatch):
+    """`make test-fast` runs on pytest-xdist's workers: their tests land in their parts, with their CPU time."""
+    from utils.constants import REPO_ROOT
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    pytester.makepyfile(test_x="import pytest, time\n"
+                               "def test_burn():\n    t = time.process_time()\n"
+                               "    while time.process_time() - t < 1.0: pass\n"
+                               "@pytest.mark.slow\ndef test_slow():\n    pass\n")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    result = pytester.runpytest_subprocess("-p", "tests.budget", "-p", "no:cacheprovider", "-n", "2")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    (unit,) = [line.split() for line in result.stdout.lines if line.startswith("unit tests")]
+    assert 1 <= float(unit[-1]) < 6, unit                       # the CPU column: the burn's second
+    assert any(line.startswith("other slow tests") for line in result.stdout.lines), "the marker read from the report"

@@ -65,6 +65,8 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(budget, "_details", budget.defaultdict(list))
     monkeypatch.setattr(budget, "_extra", budget.defaultdict(float))
+    monkeypatch.setattr(budget, "_cpu_extra", budget.defaultdict(float))
+    monkeypatch.setattr(budget, "_cpu_apart", [0.0])
     (tmp_path / "nb").mkdir()
     lessons = [_fake_lesson(tmp_path / "nb" / f"0{i}_fake.ipynb", 1.5) for i in (1, 2)]
     runs = lesson_runs.LessonRuns(tmp_path / "runs", note=budget.note, workers=2, seed=1)
@@ -76,11 +78,27 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
         assert result["status"] == "ok", result
         assert read_records(result["notebook"]) == {"x/seed": 1, "x/threads": "2", "x/wait_policy": "PASSIVE",
                                                     "x/slept": 1.5}
-    *walls, (what, span) = budget._details["lesson executions"]
-    walls = [s for _, s in walls]
+    *jobs, (what, span, cpu_total) = budget._details["lesson executions"]
+    walls, cpus = [s for _, s, _ in jobs], [c for _, _, c in jobs]
     assert len(walls) == 2 and took < sum(walls), (took, walls)     # side by side, not one after the other
     assert what == "all, in the background" and max(walls) <= span <= took
     assert budget._extra["lesson executions"] == pytest.approx(took, abs=1.0)
+    # each worker's CPU time, its kernel's included (starting Python, papermill and a kernel), not its sleep
+    assert all(0.5 < c < w for c, w in zip(cpus, walls)), (cpus, walls)
+    assert cpu_total == pytest.approx(sum(cpus)) == budget._cpu_extra["lesson executions"] == budget._cpu_apart[0]
+
+
+def test_reap_gives_a_finished_childs_cpu_time_with_its_childrens():
+    import subprocess
+    import sys
+
+    burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.4: pass')"
+    proc = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                             f"{burn!r}]); {burn}"])
+    while (cpu := lesson_runs.reap(proc)) is None:
+        pass
+    assert proc.returncode == 0 and 0.8 <= cpu < 5.0, cpu
+    assert lesson_runs.reap(proc) == 0.0, "reaped once"
 
 
 def test_lessons_start_longest_first_then_the_rehearsals_longest_lesson_first(tmp_path, monkeypatch):
