@@ -146,14 +146,32 @@ def test_the_rehearsals_kernel_runs_one_thread_on_a_heap_that_keeps_its_blocks(t
 
     seen = []
     monkeypatch.setattr(rehearsal, "write_spec", lambda preset, path, cache_dir=None: path)
-    monkeypatch.setattr(run, "execute_lesson", lambda notebook, out, preset, resume=False: seen.append(
-        {k: run.os.environ.get(k) for k in rehearsal.KERNEL_ENV_DEFAULTS}) or {"status": "ok"})
-    for key in rehearsal.KERNEL_ENV_DEFAULTS:
+    for key in (*rehearsal.KERNEL_ENV_DEFAULTS, "IPYTHONDIR"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")            # what the user set stays
-    rehearsal.rehearse("24g", ["04_grpo.ipynb"], tmp_path)
-    assert seen == [{**rehearsal.KERNEL_ENV_DEFAULTS, "OMP_NUM_THREADS": "3"}]
+    monkeypatch.setattr(run, "execute_lesson", lambda notebook, out, preset, resume=False: seen.append(
+        {k: run.os.environ.get(k) for k in (*rehearsal.KERNEL_ENV_DEFAULTS, "IPYTHONDIR")}) or {"status": "ok"})
+    rehearsal.rehearse("24g", ["04_grpo.ipynb"], tmp_path, cache_dir=tmp_path / "cache")
+    assert seen == [{**rehearsal.KERNEL_ENV_DEFAULTS, "OMP_NUM_THREADS": "3", "IPYTHONDIR": str(tmp_path / "cache" /
+                                                                                               "ipython")}]
     assert run.os.environ["OMP_NUM_THREADS"] == "3" and "MALLOC_MMAP_MAX_" not in run.os.environ, "restored after"
+    assert "IPYTHONDIR" not in run.os.environ
+
+
+def test_the_rehearsals_kernel_starts_by_naming_datasets_results_at_random(tmp_path):
+    """The start-up IPython runs in a rehearsal's kernel: a map no longer hashes its function and arguments (a Qwen
+    tokenizer, pickled each time), and its result is the same."""
+    import subprocess
+    import sys
+
+    folder = rehearsal.kernel_startup(tmp_path)
+    probe = ("import datasets, datasets.fingerprint as f\n"
+             "d, calls = datasets.Dataset.from_dict({'x': [1, 2]}), []\n"
+             "f.Hasher.hash = lambda *a, **k: calls.append(1) or '0'\n"
+             "print(list(d.map(lambda r: {'y': r['x'] * 2})['y']), len(calls), datasets.is_caching_enabled())\n")
+    out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", probe], capture_output=True, text=True,
+                         env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
+    assert out.stdout.split()[-4:] == ["[2,", "4]", "0", "False"], out.stdout + out.stderr[-800:]
 
 
 def test_the_report_says_what_a_cpu_replaces():
