@@ -59,9 +59,9 @@ run: $(STAMP)
 test: $(STAMP) sandbox-tool
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest tests notebooks
 
-# The unit tests, one pytest-xdist worker per core (each computes on one thread: tests/conftest.py); `make test`
-# adds the lesson executions and the `slow` tests (classes graded, labs validated, the nbgrader and verl side
-# venvs). tests/budget.py prints where the time went, part by part.
+# The unit tests, one pytest-xdist worker per usable core (tests/budget.py), each on one thread (tests/conftest.py);
+# `make test` adds the lesson executions and the `slow` tests (classes graded, labs validated, the nbgrader and
+# verl side venvs). tests/budget.py prints where the time went, part by part.
 test-fast: $(STAMP) sandbox-tool
 	$(PY) -m pytest tests -m "not lesson and not slow" -n auto
 

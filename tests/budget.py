@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -48,6 +49,7 @@ FAST_BUDGET_S = 3 * 60           # make test-fast, collection and start-up inclu
 FAST_UNIT_BUDGET_S = 170         # the unit tests' own times summed, over xdist's workers too (make test-fast)
 UNIT = "unit tests (make test-fast)"
 CPU_PROPERTY = "budget_cpu_s"   # a test report's CPU seconds (user_properties)
+MARKERS_PROPERTY = "budget_markers"   # and its markers' names (an xdist worker's reports reach the controller)
 MOVED_FROM = {"lesson executions": "lesson record tests and nbval",
               "side venv installs": "nbgrader and verl (side venvs)"}
 
@@ -55,6 +57,7 @@ _extra: dict[str, float] = defaultdict(float)   # seconds of work named outside 
 _details: dict[str, list] = defaultdict(list)
 _cpu_extra: dict[str, float] = defaultdict(float)   # CPU seconds of that work (the lessons' executions)
 _cpu_apart = [0.0]                                  # all of it: taken out of the test during which it was counted
+cpu_lock = threading.Lock()   # held while work is reaped and noted apart, and while a test's CPU time is read
 
 
 def cpu_seconds() -> float:
@@ -77,6 +80,12 @@ def machine_cpu() -> tuple[float, float] | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _tests_cpu() -> float:
+    """The session's CPU time so far less what was noted apart (:func:`note_cpu`)."""
+    with cpu_lock:
+        return cpu_seconds() - _cpu_apart[0]
 
 
 def note_cpu(part: str, cpu: float) -> None:
@@ -192,25 +201,33 @@ class _Collector:
         self.markers.update((item.nodeid, {m.name for m in item.iter_markers()}) for item in items)
 
     def pytest_runtest_logreport(self, report):
-        # under pytest-xdist (make test-fast) the tests are collected in the workers: the markers come from the
-        # report's keywords then
-        markers = self.markers.get(report.nodeid) or {k for k in ("lesson", "slow") if k in report.keywords}
+        sent = dict(report.user_properties)
+        # under pytest-xdist (make test-fast) the tests are collected in the workers: their markers come in the report
+        markers = self.markers[report.nodeid] if report.nodeid in self.markers else set(sent.get(MARKERS_PROPERTY, ()))
         path = report.location[0].replace("\\", "/")
         self.breakdown.add(path, markers, report.duration)
-        cpu = dict(report.user_properties).get(CPU_PROPERTY)
-        if cpu is not None:
-            self.breakdown.add_cpu(path, markers, cpu)
+        if sent.get(CPU_PROPERTY) is not None:
+            self.breakdown.add_cpu(path, markers, sent[CPU_PROPERTY])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid, location):
-        self.mark = cpu_seconds() - _cpu_apart[0]
+        self.mark = _tests_cpu()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):   # each phase's CPU time travels in its report (to xdist's too)
         outcome = yield
-        now = cpu_seconds() - _cpu_apart[0]
-        outcome.get_result().user_properties.append((CPU_PROPERTY, now - getattr(self, "mark", now)))
+        now = _tests_cpu()
+        sent = outcome.get_result().user_properties
+        sent.append((CPU_PROPERTY, now - getattr(self, "mark", now)))
+        sent.append((MARKERS_PROPERTY, sorted({m.name for m in item.iter_markers()})))
         self.mark = now
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (make test-fast): one worker per core this process may use (xdist's own count reads the
+    machine's physical cores, whatever a container's CPU set allows)."""
+    return _cores()
 
 
 def pytest_addoption(parser):

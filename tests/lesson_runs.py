@@ -112,10 +112,13 @@ class LessonRuns:
         self._procs: dict[str, subprocess.Popen] = {}   # background executions running
         self._stop = threading.Event()
         self._starting = threading.Lock()               # no execution starts while stop() runs
+        self.refused: str | None = None                 # why this process executes no lesson (an xdist worker)
 
     def run(self, lesson: str) -> dict:
         """The runner's result dict of lesson ``lesson`` ("04", or a rehearsal "04@24g": :func:`execute_job`),
         executing it when not done yet (or waiting for its background execution)."""
+        if self.refused:
+            pytest.fail(self.refused, pytrace=False)
         with self._locks[lesson]:
             if lesson in self._ready and lesson not in self.results:
                 start = time.perf_counter()
@@ -133,7 +136,8 @@ class LessonRuns:
                 self.results[lesson] = execute_job(lesson, self.out_dir, self.seed)
                 if self.note is not None:
                     self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
-                    budget.note_cpu("lesson executions", budget.cpu_seconds() - cpu)
+                    with budget.cpu_lock:
+                        budget.note_cpu("lesson executions", budget.cpu_seconds() - cpu)
             return self.results[lesson]
 
     # ------------------------------------------------------------------ background executions, side by side
@@ -163,7 +167,10 @@ class LessonRuns:
                         lesson = todo.pop(0)
                         started[lesson] = (time.perf_counter(), self._start(lesson))
                 for lesson, proc in list(self._procs.items()):
-                    cpu = reap(proc)
+                    with budget.cpu_lock:   # reaped and noted apart at once: no test's CPU time holds it meanwhile
+                        cpu = reap(proc)
+                        if cpu is not None and self.note is not None:
+                            budget.note_cpu("lesson executions", cpu)
                     if cpu is not None:
                         cpu_total += cpu
                         del self._procs[lesson]
@@ -209,7 +216,6 @@ class LessonRuns:
         if self.note is not None:
             what = f"rehearsal {lesson}" if "@" in lesson else f"lesson {lesson}"
             budget.detail("lesson executions", f"{what} (side by side)", seconds, cpu)
-            budget.note_cpu("lesson executions", cpu)
 
     def stop(self) -> None:
         """Stop the background executions: SIGTERM (each kills its kernel), SIGKILL with their kernels after
@@ -348,8 +354,12 @@ def pytest_collection_modifyitems(items):
 def pytest_collection_finish(session):
     """The lessons the selected tests read start in the background now, beside the session's other tests (which
     leave most of the CPU idle: 316 s of CPU time in 430 s on 2 cores)."""
-    if not session.config.option.collectonly:
-        session.config._lesson_runs.prefetch(l for l in map(lesson_of, session.items) if l)
+    lessons = [l for l in map(lesson_of, session.items) if l]
+    if hasattr(session.config, "workerinput"):   # a pytest-xdist worker: each would execute every lesson it saw
+        session.config._lesson_runs.refused = ("the lessons execute once per session, in the background of one pytest "
+                                               "process: run the tests that read them without -n (make test)")
+    elif not session.config.option.collectonly:
+        session.config._lesson_runs.prefetch(lessons)
 
 
 # ----------------------------------------------------------------------------- nbval on the session's run

@@ -91,12 +91,13 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path,
 def test_reap_gives_a_finished_childs_cpu_time_with_its_childrens():
     import subprocess
     import sys
+    import time
 
     burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.4: pass')"
     proc = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
                              f"{burn!r}]); {burn}"])
     while (cpu := lesson_runs.reap(proc)) is None:
-        pass
+        time.sleep(0.01)
     assert proc.returncode == 0 and 0.8 <= cpu < 5.0, cpu
     assert lesson_runs.reap(proc) == 0.0, "reaped once"
 
@@ -125,6 +126,16 @@ def test_the_tests_that_read_the_lessons_run_last(pytester):
     result = pytester.runpytest_inprocess("--co", "-q", "-p", "tests.lesson_runs", "-p", "no:cacheprovider")
     ids = [line for line in result.stdout.lines if "::" in line]
     assert ids == ["test_zz.py::test_b", "test_lesson01.py::test_a"]
+
+
+def test_xdist_workers_refuse_the_lessons_which_one_process_executes(pytester, monkeypatch):
+    """Under `pytest -n 2` every worker would execute every lesson it saw: their tests fail saying why, others pass."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    pytester.makepyfile(test_lesson01="def test_a(lesson_runs):\n    lesson_runs.records('01')\n",
+                        test_other="def test_b():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "tests.lesson_runs", "-p", "no:cacheprovider", "-n", "2", "-rf")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*_ test_a _*", "the lessons execute once per session*without -n*"])
 
 
 def _notebook(path, checked_output: str, unchecked_output: str):

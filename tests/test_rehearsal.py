@@ -165,6 +165,10 @@ def test_the_rehearsals_kernel_starts_by_naming_datasets_results_at_random(tmp_p
     import sys
 
     folder = rehearsal.kernel_startup(tmp_path)
+    names = [subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", "print(sorted(dir()))"],
+                            capture_output=True, text=True, env={**rehearsal.os.environ, "IPYTHONDIR": str(d)}).stdout
+             for d in (folder, tmp_path / "plain")]
+    assert names[0] == names[1] and "open" in names[0], "the start-up leaves no name in the notebook"
     probe = ("import datasets, datasets.fingerprint as f\n"
              "d, calls = datasets.Dataset.from_dict({'x': [1, 2]}), []\n"
              "f.Hasher.hash = lambda *a, **k: calls.append(1) or '0'\n"

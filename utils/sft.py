@@ -353,6 +353,8 @@ def _training_lock(shared: Path):
         shared.parent.mkdir(parents=True, exist_ok=True)
         handle = open(shared.with_name(f".{shared.name}.lock"), "w")
     except (ImportError, OSError):
+        handle = None
+    if handle is None:
         yield
         return
     with handle:

@@ -60,18 +60,24 @@ KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_
 # measured). Nothing a rehearsal computes is cached for a later run, so each result gets a random name instead, as
 # ``datasets`` gives one whose function cannot be hashed, and its caching is off (results in temporary files).
 KERNEL_STARTUP = """# utils/course/rehearsal.py: a CPU rehearsal names datasets' results at random (no tokenizer hashed)
-try:
-    import datasets
-    import datasets.arrow_dataset
-    import datasets.fingerprint
+# Everything happens inside a function: a start-up file runs in the notebook's namespace, and a name left there
+# (datasets) would let a lesson that forgot an import pass its rehearsal.
+def _course_rehearsal_startup():
+    try:
+        import datasets.arrow_dataset
+        import datasets.fingerprint
 
-    def _random_name(fingerprint, transform, transform_args):
-        return datasets.fingerprint.generate_random_fingerprint()
+        def random_name(fingerprint, transform, transform_args):
+            return datasets.fingerprint.generate_random_fingerprint()
 
-    datasets.fingerprint.update_fingerprint = datasets.arrow_dataset.update_fingerprint = _random_name
-    datasets.disable_caching()
-except Exception as e:  # a rehearsal runs without it, only slower
-    print(f"(rehearsal start-up: datasets' fingerprints stay: {type(e).__name__}: {e})")
+        datasets.fingerprint.update_fingerprint = datasets.arrow_dataset.update_fingerprint = random_name
+        datasets.disable_caching()
+    except Exception as e:  # a rehearsal runs without it, only slower
+        print(f"(rehearsal start-up: datasets' fingerprints stay: {type(e).__name__}: {e})")
+
+
+_course_rehearsal_startup()
+del _course_rehearsal_startup
 """
 
 # The stand-in's shape: the architecture's own fields, shrunk (vocabulary, tied embeddings, norms, rope and
