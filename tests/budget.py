@@ -173,7 +173,7 @@ class Breakdown:
         lines.append(f"{'the session (' + name + ')':<40} {wall:8.0f} {limit:7d} {total:7.0f}"
                      f"{'  OVER' if wall > limit else ''}")
         lines.append(f"(CPU time {total / 60:.1f} min in {wall / 60:.1f} min: {total / max(wall, 1e-9):.2f} of the "
-                     f"machine's {_cores()} cores busy on average, the grader's sandboxed runs not counted)")
+                     f"machine's {usable_cores()} cores busy on average, the grader's sandboxed runs not counted)")
         now = machine_cpu()
         if now is not None and self.machine_start is not None:
             busy, steal = (a - b for a, b in zip(now, self.machine_start))
@@ -184,26 +184,21 @@ class Breakdown:
         return lines, over
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The CPU cores this process may use (its affinity: a container's CPU set, ``taskset``)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # ----------------------------------------------------------------------------- pytest hooks
 class _Collector:
-    """Registered per session: adds each test report's duration to the session's breakdown."""
+    """Registered per session: adds each test report's duration and CPU time to the session's breakdown."""
 
     def __init__(self, breakdown: Breakdown):
         self.breakdown = breakdown
-        self.markers: dict[str, set] = {}
-
-    @pytest.hookimpl(trylast=True)                  # after the plugins that add markers (lesson_runs: nbval's)
-    def pytest_collection_modifyitems(self, items):   # markers by name: a test id "slow" is not the marker
-        self.markers.update((item.nodeid, {m.name for m in item.iter_markers()}) for item in items)
 
     def pytest_runtest_logreport(self, report):
-        sent = dict(report.user_properties)
-        # under pytest-xdist (make test-fast) the tests are collected in the workers: their markers come in the report
-        markers = self.markers[report.nodeid] if report.nodeid in self.markers else set(sent.get(MARKERS_PROPERTY, ()))
+        sent = dict(report.user_properties)   # filled by pytest_runtest_makereport, in an xdist worker too
+        markers = set(sent.get(MARKERS_PROPERTY, ()))   # by name: a test id "slow" is not the marker
         path = report.location[0].replace("\\", "/")
         self.breakdown.add(path, markers, report.duration)
         if sent.get(CPU_PROPERTY) is not None:
@@ -227,7 +222,7 @@ class _Collector:
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (make test-fast): one worker per core this process may use (xdist's own count reads the
     machine's physical cores, whatever a container's CPU set allows)."""
-    return _cores()
+    return usable_cores()
 
 
 def pytest_addoption(parser):

@@ -55,11 +55,6 @@ STOP_WITHIN_S = 10      # a background execution told to stop (SIGTERM) is kille
 SIDE_BY_SIDE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}   # a waiting thread sleeps: the cores are shared
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def side_by_side(cores: int, workers: int | None = None) -> int:
     """How many lessons to execute at a time on ``cores`` cores: ``workers`` (``--lesson-workers``), else one per
     core up to :data:`MAX_WORKERS`."""
@@ -301,7 +296,7 @@ def pytest_configure(config):
     if out is None:
         config._lesson_tmp = tempfile.TemporaryDirectory(prefix="lesson-runs-")
         out = config._lesson_tmp.name
-    workers = side_by_side(usable_cores(), config.getoption("--lesson-workers"))
+    workers = side_by_side(budget.usable_cores(), config.getoption("--lesson-workers"))
     config._lesson_runs = LessonRuns(Path(out), note=budget.note, workers=workers,
                                      seed=config.getoption("--lesson-seed"))
 

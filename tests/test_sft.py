@@ -164,6 +164,8 @@ def test_train_sft_on_given_examples_uses_them_instead_of_the_problems(tmp_path)
 def test_sft_config_keeps_the_presets_precision(tmp_path, recwarn):
     """SFTConfig alone would turn on bf16 and gradient checkpointing; the preset's choices win."""
     cfg = presets.resolve("tiny", "02")
+    sft.sft_config(cfg, tmp_path, packing=True)
+    recwarn.clear()   # what a first import warns (torch.jit, in whichever test of an xdist worker imports it first)
     args = sft.sft_config(cfg, tmp_path, packing=True)
     assert not args.bf16 and not args.fp16 and args.use_cpu
     assert args.activation_checkpointing is False and args.gradient_checkpointing is False

@@ -359,22 +359,15 @@ def _training_lock(shared: Path):
         return
     with handle:
         try:
-            if _lock_wait(fcntl, handle):
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:                    # another process holds it: say so, then wait
                 print(f"SFT start: another run in this folder is training the same recipe; waiting for its model "
                       f"({SHARED_DIR}/{shared.name})")
                 fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError:                                # e.g. a file system without locks: go on without
             pass
         yield
-
-
-def _lock_wait(fcntl, handle) -> bool:
-    """Take the lock without waiting; True when another process holds it (the caller then waits for it)."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
 
 
 def _trained_or_shared(cfg, tokenizer, problems, output_dir, sft_dir: Path, shared: Path) -> Path:
