@@ -19,7 +19,8 @@ def test_naive_reward_is_gamed(records):
     # the gameable reward (correctness + 0.1 per line) rises while the real accuracy falls: answers pad lines.
     # With 20 hacking steps every seed ran (nearly) to the limit: seeds 0, 1, 2 -> naive reward 8.0,
     # lines 79.98-80.0, accuracy 0.0, format compliance 0.0. (With 10 steps seed 1 only reached 3.7 lines; with 14 steps
-    # at learning rate 6e-3 seed 2 reached 32.8.)
+    # at learning rate 6e-3 seed 2 reached 32.8; with 4 prompts a step instead of 8 (hack_prompts), seed 2 never found
+    # it: naive reward 0.33 -> 0.59.)
     assert records["04/hack_naive_reward_after"] > records["04/hack_naive_reward_before"] + 3
     assert records["04/hack_accuracy_after"] < 0.3 * records["04/hack_accuracy_before"]
     assert records["04/hack_lines_per_answer_after"] > 40, "twenty steps take it most of the way to the limit"
@@ -41,9 +42,9 @@ def test_grpo_run(records):
 def test_grpo_moves_the_model_from_shortcuts_to_worked_answers(records):
     # the SFT model mostly names the answer without working it out (it saw 60 % such answers);
     # GRPO, rewarded on the final number only, makes it work the problem out
-    # seeds 0, 1, 2 (16 steps at learning rate 1.25e-3): 0.886 -> 0.0, 0.946 -> 0.0, 0.99 -> 0.228
-    # (20 steps at 1e-3, before the suite's time budget: 0.0, 0.006, 0.154; accuracy gains +0.140, +0.146, +0.150
-    # against +0.138, +0.144, +0.122 now)
+    # seeds 0, 1, 2 (16 steps of 12 prompts at learning rate 1.25e-3): 0.886 -> 0.022, 0.946 -> 0.004, 0.99 -> 0.156,
+    # accuracy gains +0.140, +0.148, +0.130 (16 steps of 16 prompts: 0.0, 0.0, 0.228 and +0.138, +0.144, +0.122; 20 steps
+    # at 1e-3: 0.0, 0.006, 0.154 and +0.140, +0.146, +0.150)
     assert records["04/sft_shortcut_share"] > 0.5
     assert records["04/grpo_shortcut_share"] < 0.3 and records["04/grpo_shortcut_share"] < records["04/sft_shortcut_share"] - 0.5
 
@@ -52,7 +53,7 @@ def test_larger_groups_carry_more_signal(records):
     assert records["04/zero_std_T1.0_G2"] > records["04/zero_std_T1.0_G8"] > records["04/zero_std_T1.0_G16"]
     # "most silent groups are all wrong" (the line under the sweep, at the run's T = 1.0 and G = 8)
     assert records["04/all_wrong_T1.0_G8"] > records["04/zero_std_T1.0_G8"] / 2
-    # lesson 05 recalls that in this run frac_reward_zero_std was "a large share of every batch": 0.57-0.65
+    # lesson 05 recalls that in this run frac_reward_zero_std was "a large share of every batch": 0.60-0.63 (seeds 0-2)
     assert records["04/frac_reward_zero_std_mean"] > 0.3
 
 

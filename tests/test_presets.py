@@ -223,7 +223,11 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     run was shortened for the suite's time budget (max_steps 20 -> 16 at learning_rate 1e-3 -> 1.25e-3, hand_steps
     12 -> 8, sampled_eval_prompts 100 -> 50; its effects re-checked on seeds 0-2, tests/test_lesson04.py); the GPU
     tables' measured line says "random-weight stand-in" where it said "architecture twin"; the GPU presets' counts
-    (steps, problems, seeds: measured.COUNT_KEYS) were cut to a session (2026-11-28, docs/gpu.md), tiny unchanged."""
+    (steps, problems, seeds: measured.COUNT_KEYS) were cut to a session (2026-11-28, docs/gpu.md), tiny unchanged;
+    for the suite's time (2026-11-29, docs/testing.md) lessons 01 and 02 train 40 tiny steps instead of 60 (01 logs every
+    5, 02 times its collations over 8 steps instead of 12) and lesson 04's tiny GRPO run samples 12 prompts a step
+    instead of 16 (batch_size 128 -> 96), its reward-hack run keeping 8 (hack_prompts, on every preset what its
+    batch_size // 2 gave before), each lesson's effects re-checked on seeds 0-2."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
     got = {}

@@ -95,7 +95,7 @@ SHRINK = {
     "02": dict(n_train=32, packed_batch_size=1, throughput_steps=2, eval_steps=1),
     "03": dict(n_prompts=16, n_heldout=8, n_samples=4, betas=[0.1]),   # the sweep: the run already trained
     "04": dict(n_train=16, num_generations=2, prompts_per_step=2, batch_size=4, max_completion_length=64,
-               hack_steps=1, hand_steps=8, hand_prompts=1, sampled_eval_prompts=4, sweep_prompts=4,
+               hack_steps=1, hack_prompts=1, hand_steps=8, hand_prompts=1, sampled_eval_prompts=4, sweep_prompts=4,
                sweep_generations=[2, 4], sweep_temperatures=[0.7, 1.0]),
     "05": dict(n_train=64, num_generations=4, prompts_per_step=2, batch_size=4, steps_per_generation=2,
                max_completion_length=64, soft_punish_cache=4, temperature=0.7),   # the stand-in rambles at 1.0

@@ -15,7 +15,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "learning_rate":          (3e-3,  2e-4,   2e-4,   1e-4),    # full fine-tune (tiny) / LoRA (GPU tiers)
     "full_finetune":          (True,  False,  False,  False),   # fp32 AdamW needs ~16 B/parameter: LoRA on GPUs
     "lora_learning_rate":     (1e-2,  2e-4,   2e-4,   1e-4),    # adapters: larger steps (an empirical rule)
-    "max_steps":              (60,    150,    150,    150),    # GPU tiers: 4,800 examples, 0.64 of an epoch (a session)
+    "max_steps":              (40,    150,    150,    150),    # tiny: 1,280 examples; GPU: 4,800, 0.64 of an epoch
     "warmup_ratio":           (0.05,  0.03,   0.03,   0.03),
     "lora_r":                 (16,    16,     32,     32),
     "lora_alpha":             (32,    32,     64,     64),
@@ -24,7 +24,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "eval_batch_size":        (100,   32,     64,     64),      # sequences per generate call
     "gradient_checkpointing": (False, True,   True,   False),   # 80g: memory to spare, trade it for speed
     "save_steps":             (0,     50,     50,     50),     # checkpoints for --resume (Colab sessions drop)
-    "logging_steps":          (10,    10,     10,     10),
+    "logging_steps":          (5,     10,     10,     10),
 }
 # 80g runs batch 8 x grad_accum 4: batch 16 did not fit an 80 GB H100 without activation checkpointing
 # (the architecture-twin measurement; docs/gpu.md).

@@ -15,8 +15,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "grad_accum":             (1,     4,      2,      2),
     "learning_rate":          (3e-3,  2e-4,   2e-4,   1e-4),
     "lora_learning_rate":     (1e-2,  2e-4,   2e-4,   1e-4),
-    "max_steps":              (60,    300,    300,    300),
-    "throughput_steps":       (12,    20,     20,     20),      # steps per collation in padding vs packing
+    "max_steps":              (40,    300,    300,    300),
+    "throughput_steps":       (8,     20,     20,     20),      # steps per collation in padding vs packing
     "warmup_ratio":           (0.05,  0.03,   0.03,   0.03),
     "full_finetune":          (True,  False,  False,  False),
     "lora_r":                 (16,    16,     32,     32),

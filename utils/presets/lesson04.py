@@ -14,8 +14,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "n_train":                (4000,  7473,   7473,   7473),    # RL prompt pool
     "n_test":                 (500,   200,    200,    200),
     "num_generations":        (8,     8,      8,      8),       # G, completions per prompt
-    "prompts_per_step":       (16,    8,      16,     16),      # generation batch = prompts_per_step x G
-    "batch_size":             (128,   8,      16,     32),      # completions per forward/backward
+    "prompts_per_step":       (12,    8,      16,     16),      # generation batch = prompts_per_step x G
+    "batch_size":             (96,    8,      16,     32),      # completions per forward/backward
     "grad_accum":             (1,     8,      8,      4),       # batch_size x grad_accum = one generation batch
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
@@ -36,6 +36,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "use_vllm":               (False, False,  False,  False),   # vLLM is not pinned: pip install vllm, USE_VLLM=True
     "decode_rollout":         (True,  False,  False,  False),   # tiny: rl.decode_rollout samples (TRL's rollout_func)
     "hack_steps":             (20,    10,     10,     10),     # the reward-hacking run
+    "hack_prompts":           (8,     4,      8,      8),       # its prompts per step (x G completions)
     "hack_learning_rate":     (4.5e-3, 5e-5,  5e-5,   5e-5),    # 3.6x / 5x the real run: the exploit shows quickly
     "hand_steps":             (8,     10,     10,     10),     # the capstone: GRPO with the student's grpo_step
     "hand_prompts":           (8,     2,      2,      4),       # prompts per step (x G completions, one backward)

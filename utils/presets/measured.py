@@ -15,8 +15,9 @@ from ..constants import TWIN_MEASUREMENTS
 CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_share")
 
 # Keys that size only a part of a lesson the twins do not run (lesson 04's capstone, GRPO with the student's own
-# step): the twin's figures hold for the phases it measured, and those keys are not in them.
-UNTWINNED_KEYS = ("hand_steps", "hand_prompts")
+# step; the reward-hack runs of lessons 04 and 09, estimated from lesson 04's GRPO batch): the twin's figures hold for
+# the phases it measured, and those keys are not in them.
+UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts")
 
 # Keys that set how many times a measured unit runs (steps, iterations, problems, seeds), not how large it is: the
 # twins run a few steps of each phase whatever they are, so a preset cut to a session keeps its measurement (the

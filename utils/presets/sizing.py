@@ -185,7 +185,6 @@ def _lesson03(p, one):
 
 
 def _lesson04(p, one):
-    hack_prompts = p["prompts_per_step"] // 2
     return [_sft(one, p["sft_steps"]),
             _eval(p, p["n_test"], "greedy evaluations: SFT, GRPO, the hand run", ("04", "greedy eval"), calls=3),
             _eval(p, p["sampled_eval_prompts"], "sampled evaluations: SFT, the hack run, GRPO", ("04", "sampled eval"),
@@ -194,7 +193,7 @@ def _lesson04(p, one):
                   samples=max(p["sweep_generations"]), calls=len(p["sweep_temperatures"])),
             _rl_batch(p, "GRPO (GRPOTrainer, reference forward)", p["max_steps"], ("04", "GRPO train")),
             _rl_batch(p, "the reward-hack run (no reference)", p["hack_steps"], ("04", "GRPO train"),
-                      prompts=hack_prompts, reference=False),
+                      prompts=p["hack_prompts"], reference=False),
             _op("the capstone's GRPO by hand", p["hand_steps"], ("04", "capstone grpo_step"),
                 _rl_batch(p, "", 1, ("04", ""), prompts=p["hand_prompts"])["work"])
             | {"fallback": ("04", "GRPO train")}]
