@@ -93,13 +93,16 @@ class LessonRuns:
     """The session's executions of the lessons, each made once: on first request, or in the background after
     :meth:`prefetch`."""
 
-    def __init__(self, out_dir: Path, note=None, workers: int = 1, seed: int = 0):
+    def __init__(self, out_dir: Path, note=None, workers: int = 1, seed: int = 0, ledger=budget):
         """``note(part, seconds, what)`` is told each execution's time (the session's: :func:`tests.budget.note`);
         ``workers`` > 1: :meth:`prefetch` executes that many lessons at a time, each in a process of its own;
-        ``seed``: the lessons' ``SEED`` (``--lesson-seed``; the committed runs are seed 0's)."""
+        ``seed``: the lessons' ``SEED`` (``--lesson-seed``; the committed runs are seed 0's); ``ledger``: where the
+        executions' CPU time and table lines go (``note_cpu``, ``detail`` and ``cpu_lock``: :mod:`tests.budget`'s;
+        a test of this class passes its own, which the session's executions, reaped meanwhile, do not touch)."""
         self.out_dir = Path(out_dir)
         self.seed = seed
         self.note = note
+        self.ledger = ledger
         self.workers = workers
         self.results: dict[str, dict] = {}
         self._locks = defaultdict(threading.Lock)
@@ -131,8 +134,8 @@ class LessonRuns:
                 self.results[lesson] = execute_job(lesson, self.out_dir, self.seed)
                 if self.note is not None:
                     self.note("lesson executions", time.perf_counter() - start, f"lesson {lesson}")
-                    with budget.cpu_lock:
-                        budget.note_cpu("lesson executions", budget.cpu_seconds() - cpu)
+                    with self.ledger.cpu_lock:
+                        self.ledger.note_cpu("lesson executions", budget.cpu_seconds() - cpu)
             return self.results[lesson]
 
     # ------------------------------------------------------------------ background executions, side by side
@@ -162,17 +165,17 @@ class LessonRuns:
                         lesson = todo.pop(0)
                         started[lesson] = (time.perf_counter(), self._start(lesson))
                 for lesson, proc in list(self._procs.items()):
-                    with budget.cpu_lock:   # reaped and noted apart at once: no test's CPU time holds it meanwhile
+                    with self.ledger.cpu_lock:   # reaped and noted apart at once: no test's CPU time holds it meanwhile
                         cpu = reap(proc)
                         if cpu is not None and self.note is not None:
-                            budget.note_cpu("lesson executions", cpu)
+                            self.ledger.note_cpu("lesson executions", cpu)
                     if cpu is not None:
                         cpu_total += cpu
                         del self._procs[lesson]
                         start, result_file = started[lesson]
                         self._finish(lesson, proc.returncode, result_file, time.perf_counter() - start, cpu)
                         if self.note is not None and not todo and not self._procs:
-                            budget.detail("lesson executions", "all, in the background", time.perf_counter() - begin,
+                            self.ledger.detail("lesson executions", "all, in the background", time.perf_counter() - begin,
                                           cpu_total)
                         self._ready[lesson].set()
                 time.sleep(0.2)
@@ -210,7 +213,7 @@ class LessonRuns:
         self.results[lesson] = result
         if self.note is not None:
             what = f"rehearsal {lesson}" if "@" in lesson else f"lesson {lesson}"
-            budget.detail("lesson executions", f"{what} (side by side)", seconds, cpu)
+            self.ledger.detail("lesson executions", f"{what} (side by side)", seconds, cpu)
 
     def stop(self) -> None:
         """Stop the background executions: SIGTERM (each kills its kernel), SIGKILL with their kernels after

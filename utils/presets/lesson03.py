@@ -8,7 +8,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: twice as long)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: 3x its 40 steps)
     "verbose_share":          (0.5,   0.5,    0.5,    0.5),     # SFT answers opening with a filler sentence
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working (as in lesson 04)
     "n_prompts":              (192,   200,    300,    300),    # training prompts sampled on-policy

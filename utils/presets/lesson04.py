@@ -9,7 +9,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: twice as long)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: 3x its 40 steps)
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working: GRPO's choice
     "n_train":                (4000,  7473,   7473,   7473),    # RL prompt pool
     "n_test":                 (500,   200,    200,    200),

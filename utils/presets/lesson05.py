@@ -6,7 +6,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (60,    150,    150,    150),    # lesson 01's recipe, unchanged
+    "sft_steps":              (60,    150,    150,    150),    # lesson 01's recipe (tiny: 1.5x its 40 steps)
     "n_train":                (4000,  600,    600,    600),    # RL prompt pool
     "n_test":                 (500,   150,    150,    150),
     "num_generations":        (8,     8,      8,      8),

@@ -6,7 +6,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: twice as long, as lesson 03)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 01's recipe (tiny: 120 steps, as lesson 03)
     "verbose_share":          (0.5,   0.5,    0.5,    0.5),     # SFT answers opening with a filler sentence (lesson 03)
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # SFT answers that skip the working (lesson 03)
     "n_prompts":              (192,   300,    300,    300),    # training prompts sampled on-policy for pairs
