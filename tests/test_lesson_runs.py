@@ -54,7 +54,7 @@ def _fake_lesson(path, seconds: float):
     return str(path)
 
 
-def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path):
+def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):
     """Two lessons of 1.5 s each, two at a time: both results in, on a tiny run's two threads waiting passively, the
     two sleeps overlapping, each with the session's seed; each execution's time shown apart and the session's wait
     counted once. The runs note into a ledger of their own: the session's lessons, executing in the background
@@ -63,6 +63,7 @@ def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path)
     import time
     import types
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     ledger = types.SimpleNamespace(cpu_lock=threading.Lock(), waited=[], cpu=[], details=[])
     ledger.note_cpu = lambda part, cpu: ledger.cpu.append((part, cpu))
     ledger.detail = lambda part, what, seconds, cpu=None: ledger.details.append((part, what, seconds, cpu))
