@@ -18,7 +18,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from utils.constants import REPO_ROOT
 from utils.course.lessons import clean_for_commit, find_lessons, header_time, tiny_time
-from utils.course.run import INLINE_BACKEND, X86_KERNEL_ENV_DEFAULTS, kernel_env, main
+from utils.course.run import GLIBC_HEAP_ENV, INLINE_BACKEND, X86_KERNEL_ENV_DEFAULTS, kernel_env, main
 from utils.records import read_records
 
 REPO_ROOT = str(REPO_ROOT)
@@ -54,6 +54,7 @@ import torch
 record("99/cpu_capability", torch.backends.cpu.get_cpu_capability())
 record("99/torch_threads", torch.get_num_threads())
 record("99/mkl_cbwr", os.environ.get("MKL_CBWR"))
+record("99/heap", {{k: os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")}})
 from utils import headline
 headline("99", [{{"name": "accuracy", "values": {{"run": "accuracy"}}, "n": 200}}], tiny_target_s=600)
 import matplotlib.pyplot as plt
@@ -141,6 +142,8 @@ def test_records_parameters_and_environment(full_run):
     # ... with MKL's matrix products in its strict mode (summed in one order on any number of threads)
     if platform.machine().lower() in ("x86_64", "amd64") and "MKL_CBWR" not in os.environ:
         assert rec["99/mkl_cbwr"] == "AVX2,STRICT"
+    # ... and glibc's heap keeping what the kernel frees (no arithmetic changes; the system time of page faults goes)
+    assert rec["99/heap"] == {k: os.environ.get(k, v) for k, v in GLIBC_HEAP_ENV.items()}
     assert fine["wall_s"] > 0
     # figures are embedded in the executed notebook
     fine_nb = nbformat.read(out / "02_fine.ipynb", as_version=4)

@@ -38,6 +38,7 @@ from pathlib import Path
 from .. import presets
 from ..constants import REPO_ROOT, RUNS_DIR, TWIN_MEASUREMENTS
 from . import qwen_tokenizers, twins
+from .run import GLIBC_HEAP_ENV
 
 CACHE_DIR = Path(os.environ.get("COURSE_REHEARSAL_CACHE",
                                 Path.home() / ".cache" / "post-training-course" / "rehearsal"))
@@ -51,8 +52,7 @@ FIT_STEPS = 600                   # the stand-in model's fit to the stand-in's t
 # threads 103 s (119 s user and 63 s system CPU time); two such rehearsals side by side 276 and 261 s (the second
 # with this heap: 4 s of system time instead of 54); two side by side on one thread each with this heap, 98 and
 # 100 s (95 s of CPU each). Nothing a rehearsal records is compared, so its thread count is free to choose.
-KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
-                       "MALLOC_TOP_PAD_": str(256 << 20)}
+KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", **GLIBC_HEAP_ENV}
 
 # What a rehearsal's kernel runs first (IPython's start-up folder, ``$IPYTHONDIR/profile_default/startup``, set
 # unless the user set it): ``datasets`` names every ``map``'s result by a hash of the function and its arguments,

@@ -71,7 +71,14 @@ X86_KERNEL_ENV_DEFAULTS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRI
 # with 23 repeated calls on two threads and 33 on one (MKL strict; a reduction split over another number of
 # threads adds in another order). A tiny run is pinned to the two threads of the course's machines, on which the
 # committed lessons were executed (lesson 08 took 72 s on two, 125 s on one, and 100 s with only MKL on one).
-TINY_KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "2"}
+# glibc's heap keeps what a kernel frees (unless the user set these): a block freed is reused by the next allocation,
+# where by default glibc maps each large block afresh (mmap), unmaps it when freed, and faults in every page of the
+# next one. Where the heap sits changes no arithmetic (torch aligns every tensor to 64 bytes either way): lesson 06
+# gave the same records, and two of its tiny runs side by side took 122.9 s and 240 CPU-seconds against 126.5-130.1 s
+# and 249-255 by default (system time 5 s against 8-11 s each). A rehearsal's kernel keeps it too
+# (utils.course.rehearsal.KERNEL_ENV_DEFAULTS, where it saved most: Qwen's vocabulary makes every logits block large).
+GLIBC_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30), "MALLOC_TOP_PAD_": str(256 << 20)}
+TINY_KERNEL_ENV_DEFAULTS = {"OMP_NUM_THREADS": "2", **GLIBC_HEAP_ENV}
 RSS_SAMPLE_S = 0.2
 
 log = logging.getLogger("utils.course.run")
