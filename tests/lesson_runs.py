@@ -54,9 +54,9 @@ SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
 MAX_WORKERS = 4         # lessons side by side at most (each kernel holds about 1-2 GB)
 STOP_WITHIN_S = 10      # a background execution told to stop (SIGTERM) is killed with its kernel after this
 SIDE_BY_SIDE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}   # a waiting thread sleeps: the cores are shared
-# A job's process: `python -m tests.lesson_runs`, without the IRI parsers that jsonschema would build when papermill
-# imports nbformat (utils.course.grading.WITHOUT_IRI_PARSERS, as the grader's worker starts: 1.3 s of CPU time of
-# each of the 25 jobs of `make test`, measured).
+# A job's process runs `main` below, as `python -m tests.lesson_runs` would, but without the IRI parsers that
+# jsonschema builds when papermill imports nbformat (utils.course.grading.WITHOUT_IRI_PARSERS, as the grader's worker
+# starts): 1.3 s of CPU time of each of the 24 jobs of `make test` (9 lessons, 15 rehearsals), measured.
 JOB_COMMAND = (sys.executable, "-c", WITHOUT_IRI_PARSERS + "from tests.lesson_runs import main; sys.exit(main(sys.argv[1:]))")
 
 
