@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from tests import side_venv
-from utils.course import rehearsal
+from utils.course.run import GLIBC_HEAP_ENV
 
 
 def _one_thread_and_a_keeping_heap() -> None:
-    """The test process computes on one CPU thread, with glibc's heap keeping what it frees (the rehearsal
-    kernel's settings, ``utils.course.rehearsal.KERNEL_ENV_DEFAULTS``, set here by ``mallopt``: an environment
+    """The test process computes on one CPU thread, with glibc's heap keeping what it frees (the kernels'
+    settings, ``utils.course.run.GLIBC_HEAP_ENV``, set here by ``mallopt``: an environment
     variable would reach the lesson kernels, whose tiny runs are pinned to two threads). In `make test` the
     lessons execute beside this process, two kernels of two threads each on 2 cores; lesson 09's twin test took
     94 s of CPU time here on two threads with the default heap, 64 s on one thread, 43 s on one thread with this
@@ -24,7 +24,7 @@ def _one_thread_and_a_keeping_heap() -> None:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):   # not glibc (macOS): its own allocator stays
         return
-    env = rehearsal.KERNEL_ENV_DEFAULTS
+    env = GLIBC_HEAP_ENV
     for option, key in ((-4, "MALLOC_MMAP_MAX_"), (-1, "MALLOC_TRIM_THRESHOLD_"), (-2, "MALLOC_TOP_PAD_")):
         mallopt(option, min(int(env[key]), 2**31 - 1))   # M_MMAP_MAX, M_TRIM_THRESHOLD, M_TOP_PAD (an int each)
 
