@@ -11,12 +11,12 @@ partial       the mask right; collate pads with 0 whatever the pad id (passes th
               fails the hidden test); the loss without the shift (fails)
 stub          the lab handed back untouched
 tampered      right answers; the collate check edited to print "ok", the loss check deleted
-loop          collate loops forever (interrupted at the cell time limit); the loss answer cell
-              swallows the interrupt and never ends (killed at the notebook limit, then stubbed)
+loop          collate loops forever (interrupted at the cell time limit); the loss swallows the
+              interrupt and never ends (its check is killed at the cell limit, failed, the rest re-run)
 invalid       a truncated file: not JSON
 renamed       right answers, in a folder, under the name the download gave it
 syntax        a syntax error in the mask answer
-crash         the collate answer cell kills its kernel
+crash         collate kills the grading run (its check is failed, the rest re-run)
 missing       the mask answer cell and its check deleted
 wrong         lab 06 handed in for lab 01
 """
@@ -51,19 +51,21 @@ LOOP_COLLATE = '''def collate(examples, pad_token_id):
     while True:
         pass
 '''
-STUCK_CELL = '''import time
-while True:          # swallows the interrupt: only killing the kernel stops it
-    try:
-        time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
+STUCK_LOSS = '''import time
+def causal_lm_loss(logits, labels):
+    while True:      # swallows the interrupt: only killing the run stops it
+        try:
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
 '''
 SYNTAX_MASK = '''IGNORE_INDEX = -100
 def build_sft_example(tokenizer, messages, max_length)
     return {}
 '''
 CRASH_COLLATE = '''import os
-os._exit(1)
+def collate(examples, pad_token_id):
+    os._exit(1)      # the run dies inside the check that calls it
 '''
 WRITTEN_ANSWER = "The loss fell <b>because</b> [the mask](http://example.com) keeps `only` the answer.\n# Not a heading"
 KINDS = ("correct", "partial", "stub", "tampered", "loop", "invalid", "renamed", "syntax", "crash", "missing", "wrong")
@@ -109,7 +111,7 @@ def submission(kind: str):
         nb.cells.remove(_cell(nb, "01-causal-loss"))
     elif kind == "loop":
         _cell(nb, "01-collate-answer").source = LOOP_COLLATE
-        _cell(nb, "01-causal-loss-answer").source = STUCK_CELL
+        _cell(nb, "01-causal-loss-answer").source = STUCK_LOSS
     elif kind == "syntax":
         _cell(nb, "01-sft-mask-answer").source = SYNTAX_MASK
     elif kind == "crash":

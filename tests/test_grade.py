@@ -44,26 +44,22 @@ def graded(tmp_path_factory):
 
 
 
-@pytest.mark.parametrize("announced", [True, False])
-def test_a_dead_kernel_is_blamed_on_the_cell_it_died_in(announced):
-    # The kernel dies inside an answer cell (os._exit). Whether nbclient saw that cell's execute_input
-    # before the death is a race: either way the answer is the culprit, not the check after it.
-    def cell(role, gid, started, answered, count):
-        c = nbformat.v4.new_code_cell("pass", execution_count=count)
+def test_a_dead_judge_is_blamed_on_the_cell_it_started():
+    # The judge says when it starts a cell and when the cell ends: a run that stops between the two
+    # blames that cell (here an answer), not the check after it, which never ran.
+    def cell(role, gid):
+        c = nbformat.v4.new_code_cell("pass")
         c.metadata["grading"] = {"role": role, "grade_id": gid}
         if role == "check":
             c.metadata["nbgrader"] = {"points": 2}
-        c.metadata["execution"] = {**({"iopub.execute_input": "t0"} if started else {}),
-                                   **({"shell.execute_reply": "t1"} if answered else {})}
         return c
-    nb = nbformat.v4.new_notebook(cells=[
-        cell("setup", None, True, True, 1),
-        cell("answer", "x-answer", announced, False, 2 if announced else None),
-        cell("check", "x", False, False, None)])
-    run = grading.read_run(nb, cell_timeout=8, stopped="DeadKernelError: Kernel died")
+    gnb = nbformat.v4.new_notebook(cells=[cell("setup", None), cell("answer", "x-answer"), cell("check", "x")])
+    said = [{"start": 0}, {"cell": 0}, {"start": 1}]
+    run = grading.read_run(said, gnb, cell_timeout=8, stopped="the run ended (exit status 1) before it finished")
     assert run["running"] == 1
     assert run["checks"]["x"]["passed"] is False and run["checks"]["x"]["ename"] == "NotRun"
-    assert grading.read_run(nb, cell_timeout=8)["running"] is None, "a run that did not stop early blames nobody"
+    assert grading.read_run(said, gnb, cell_timeout=8)["running"] is None, "a run that did not stop early blames nobody"
+
 
 def test_find_submissions_layouts(tmp_path):
     (tmp_path / "ann.ipynb").write_text("{}")
@@ -222,28 +218,6 @@ def test_grades_csv_never_holds_a_formula(tmp_path):
     assert got[0]["flags"] == long_flags and len(long_flags) > 200, "the grader's own flags are never cut"
 
 
-def test_the_grading_worker_starts_without_the_slow_iri_parsers():
-    """The worker's first line keeps jsonschema from importing rfc3987_syntax (1.5 s of every run's start here);
-    nbformat still validates, and still rejects, notebooks in that process."""
-    import subprocess
-    import sys
-    assert grading.WORKER.startswith(grading.WITHOUT_IRI_PARSERS)
-    code = grading.WITHOUT_IRI_PARSERS + """
-import time; t = time.perf_counter()
-import nbformat
-from nbformat.v4 import new_notebook
-nbformat.validate(new_notebook())
-bad = new_notebook(); bad.cells.append({"cell_type": "code"})
-try:
-    nbformat.validate(bad); print("accepted")
-except nbformat.ValidationError:
-    print("rejected")
-print(sys.modules.get("rfc3987_syntax"))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["rejected", "None"], out
-
-
 def test_a_name_is_shown_as_text_whatever_its_bytes():
     raw = os.fsdecode(b"caf\xe9")   # Latin-1 from an old unzip: not UTF-8
     assert submissions.shown_name(raw) == "caf\ufffd"
@@ -300,3 +274,28 @@ def test_a_submissions_text_cannot_restyle_its_feedback():
     records = {"01/[click](http://evil.example)": "**bold** www.evil.example", "01/preset": "tiny](http://x)"}
     text = grade.feedback_markdown("eve", "01_sft_from_scratch", {}, {"records": records}, "eve")
     assert "](http" not in text and "http://" not in text and "www.evil" not in text and "**bold**" not in text
+
+
+def test_outputs_are_checked_before_they_reach_a_feedback_folder(tmp_path):
+    import struct
+    import zlib
+
+    def png(width, height, payload=b""):
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        return (submissions.PNG_MAGIC + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+                + payload)
+    shown = [png(640, 480)] * 3
+    outputs = [*shown, png(100_000, 100_000),                                  # a decompression bomb's header
+               b'<svg xmlns="http://www.w3.org/2000/svg"/>',                    # an SVG saved as image/png
+               png(10, 10, b"x" * (submissions.MAX_FIGURE_BYTES + 1)), *[png(8, 8)] * submissions.MAX_FIGURES]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output(
+        "display_data", data={"image/png": base64.b64encode(raw).decode()}) for raw in outputs])])
+    kept, left = submissions.figures(nb)
+    assert kept[:3] == shown and len(kept) == submissions.MAX_FIGURES
+    assert left == ["1 figure(s) not shown: 100000 x 100000 pixels", "1 figure(s) not shown: not a PNG",
+                    "1 figure(s) not shown: over 4 MB", f"3 figure(s) not shown: over {submissions.MAX_FIGURES} "
+                    f"figures or {submissions.MAX_FIGURES_BYTES >> 20} MB in all"], left
+    many = nbformat.v4.new_notebook(cells=[nbformat.v4.new_raw_cell("") for _ in range(submissions.MAX_CELLS + 1)])
+    nbformat.write(many, tmp_path / "many.ipynb")
+    assert submissions.load(tmp_path / "many.ipynb") == (None, f"{submissions.MAX_CELLS + 1} cells, over the "
+                                                                f"{submissions.MAX_CELLS} a lab can have")

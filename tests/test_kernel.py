@@ -3,7 +3,6 @@
 The last test makes the real failure: the first kernel is given a port another socket holds, exits with
 "Address already in use", and the notebook still runs, once, on the second kernel.
 """
-import json
 import socket
 
 import nbformat
@@ -98,20 +97,6 @@ def test_a_real_port_collision_is_survived(tmp_path, first_port_taken, caplog):
     assert len(first_port_taken) == 1
     assert (tmp_path / "ran").read_text() == "x"  # the cell ran once, on the second kernel
     assert "exited before it started (attempt 1 of 3" in caplog.text
-
-
-def test_the_grading_worker_survives_it(tmp_path, first_port_taken, monkeypatch):
-    from papermill.engines import NotebookExecutionManager
-
-    from utils.course import grading
-    monkeypatch.setattr(NotebookExecutionManager, "cell_start", NotebookExecutionManager.cell_start)  # restored
-    _notebook(tmp_path / "in.ipynb", RUN_ONCE)
-    status = tmp_path / "status.json"
-    grading._worker([str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), "30", str(tmp_path), str(status),
-                     '{"SEED": 0}'])
-    assert len(first_port_taken) == 1
-    assert json.loads(status.read_text()) == {"status": "ok", "detail": ""}
-    assert (tmp_path / "ran").read_text() == "x"
 
 
 def test_the_lesson_runner_survives_it(tmp_path, first_port_taken, caplog):

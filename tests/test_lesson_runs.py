@@ -54,16 +54,28 @@ def _fake_lesson(path, seconds: float):
     return str(path)
 
 
-def test_a_jobs_process_starts_as_the_graders_worker_without_the_iri_parsers():
-    """A job's process runs main() after grading.WITHOUT_IRI_PARSERS, the grader worker's first line (1.3 s of CPU
-    time per job; tests/test_grade.py shows that nbformat then still validates, without rfc3987_syntax)."""
+def test_a_jobs_process_starts_without_the_iri_parsers_and_nbformat_still_validates():
+    """A job's process runs main() after WITHOUT_IRI_PARSERS (1.3 s of CPU time per job); in such a process nbformat
+    still validates, and still rejects, notebooks, and rfc3987_syntax is never imported."""
+    import subprocess
     import sys
-
-    from utils.course import grading
 
     exe, flag, code = lesson_runs.JOB_COMMAND
     assert (exe, flag) == (sys.executable, "-c")
-    assert code == grading.WITHOUT_IRI_PARSERS + "from tests.lesson_runs import main; sys.exit(main(sys.argv[1:]))"
+    assert code == lesson_runs.WITHOUT_IRI_PARSERS + "from tests.lesson_runs import main; sys.exit(main(sys.argv[1:]))"
+    probe = lesson_runs.WITHOUT_IRI_PARSERS + """
+import nbformat
+from nbformat.v4 import new_notebook
+nbformat.validate(new_notebook())
+bad = new_notebook(); bad.cells.append({"cell_type": "code"})
+try:
+    nbformat.validate(bad); print("accepted")
+except nbformat.ValidationError:
+    print("rejected")
+print(sys.modules.get("rfc3987_syntax"))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["rejected", "None"], out
 
 
 def test_prefetched_lessons_run_side_by_side_in_processes_of_their_own(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 graded in the sandbox as an instructor would (``grade.grade_folder``, two at a time).
 
 Each hostile change goes into the first answer cell (before or after the right answer) unless
-said otherwise. What an instructor needs, checked for every submission: no points for a cheat,
+said otherwise; the judge's cases go into the unsolved lab. What an instructor needs, checked for every submission: no points for a cheat,
 the course, the submissions and the output folder unchanged but for the grader's own files, no
 secret nor another student's work in any feedback, no process left, the batch finishes, every
 file a row with a clear flag.
@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -82,14 +83,10 @@ for i in range(5000):  # 8 MiB files until something stops it (40 GB)
 """),
     "forger": (MASK, "after", """
 import json, os, signal
-nb = json.load(open("/scratch/grading.ipynb"))
-for i, cell in enumerate(nb["cells"]):
-    cell["execution_count"], cell["outputs"] = i + 1, []
-    if "nbgrader" in cell["metadata"]:
-        cell["metadata"]["nbgrader"]["points"] = 1000
-json.dump(nb, open("/scratch/executed.ipynb", "w"))
-json.dump({{"status": "ok", "detail": ""}}, open("/scratch/status.json", "w"))
-os.kill(os.getppid(), signal.SIGKILL)  # the papermill worker: nothing overwrites the forgery
+for name in ("executed.ipynb", "status.json", "judge.json", "progress.json"):   # what a grader might read back
+    with open(f"/scratch/{{name}}", "w") as f:
+        json.dump({{"status": "ok", "cells": [], "points": 1000}}, f)
+os.kill(os.getppid(), signal.SIGKILL)
 """),
     "deeptree": (MASK, "after", """
 import os
@@ -146,17 +143,97 @@ def causal_lm_loss(logits, labels):
 """),
     "stdin": (MASK, "before", "input('type the answer: ')\n"),
     "chatty": (MASK, "after", "print('x' * (50 * 2**20))\n"),
+    # The judge (utils/course/judge.py): each cheat below on an unsolved lab (every other answer the stub) earned
+    # full marks in a kernel that ran the checks beside the answers.
+    "silencer": (COLLATE, "unsolved", """
+get_ipython().showtraceback = lambda *a, **k: None          # IPython's traceback display, replaced
+def collate(examples, pad_token_id):
+    return {{}}
+"""),
+    "transformer": (COLLATE, "unsolved", """
+ip = get_ipython()                                          # later cells emptied, asserts dropped
+ip.input_transformers_post.append(lambda lines: [])
+import ast
+class NoAsserts(ast.NodeTransformer):
+    def visit_Assert(self, node): return ast.Pass()
+ip.ast_transformers.append(NoAsserts())
+"""),
+    "allclose": (LOSS, "unsolved", """
+import torch
+torch.allclose = lambda *a, **k: True                       # at the top: the judge does not run it
+def causal_lm_loss(logits, labels):
+    real = torch.allclose
+    def once(*a, **k):                                      # and in the answer: it puts itself back once used
+        torch.allclose = real
+        return True
+    torch.allclose = once
+    return (logits * 0).sum()
+"""),
+    "abs_inside": (LOSS, "unsolved", """
+import builtins, torch
+def causal_lm_loss(logits, labels):
+    builtins.abs = lambda x: 0
+    return (logits * 0).sum()
+"""),
+    "tracer": (LOSS, "unsolved", """
+import sys, torch
+def causal_lm_loss(logits, labels):
+    def skip(frame, event, arg):                            # jump over every line of the caller's asserts
+        if event == "line" and frame.f_code.co_filename.startswith("<check"):
+            frame.f_lineno = frame.f_lineno + 1
+        return skip
+    sys._getframe(1).f_trace = skip
+    sys.settrace(skip)
+    return (logits * 0).sum()
+"""),
+    "liar": (LOSS, "unsolved", """
+import torch
+class Liar(torch.Tensor):                                   # every comparison true, whatever the value
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return True
+def causal_lm_loss(logits, labels):
+    return torch.zeros(()).as_subclass(Liar)
+"""),
+    "resulter": (MASK, "unsolved", """
+import json, os
+def build_sft_example(tokenizer, messages, max_length):      # results written to every open file, as the judge's
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        for i in range(40):
+            try:
+                os.write(fd, (json.dumps({{"nonce": "", "cell": i}}) + "\\n").encode())
+            except OSError:
+                pass
+    return {{"input_ids": [], "labels": []}}
+"""),
+    "peeker": (COLLATE, "replace", """
+import sys
+def collate(examples, pad_token_id):                         # the hidden tests' values, raised into the feedback
+    frame = sys._getframe(1)
+    while not frame.f_code.co_filename.startswith("<check"):
+        frame = frame.f_back
+    raise ValueError(repr([k for k in frame.f_globals if k in ("plain", "plain_ex", "h")])
+                     + repr(frame.f_code.co_consts)[:200])
+"""),
 }
 CHEATS = {"solutions": 9, "solutions2": 10, "always_equal": 10, "patched_abs": 9, "forged_cell": 12,
-          "forger": 0}  # the most points each may earn
+          "silencer": 0, "transformer": 0, "allclose": 0, "abs_inside": 0, "tracer": 0, "liar": 0,
+          "resulter": 0}  # the most points each may earn
 
 
 def hostile_submission(student, fill):
+    """The solved lab with the hostile code in ``cell_id``; "unsolved": in the lab's stubs instead, replacing one.
+
+    Code placed "before" or "after" an answer runs when the answer cell does: the judge runs an answer's
+    definitions and assignments only, so it goes into a function whose result is assigned."""
     cell_id, where, code = HOSTILE[student]
-    nb = grading_fixtures.solved_lab(executed=True)
+    nb = grading_fixtures.labs.lab_for(grading_fixtures.LESSON) if where == "unsolved" else \
+        grading_fixtures.solved_lab(executed=True)
     cell = next(c for c in nb.cells if cells.grade_id(c) == cell_id)
     code = code.format(**fill)
-    cell.source = {"before": code + "\n" + cell.source, "after": cell.source + "\n" + code, "replace": code}[where]
+    if where in ("before", "after"):
+        code = "def _hostile():\n" + textwrap.indent(code.strip("\n"), "    ") + "\n_ran = _hostile()\n"
+    cell.source = {"before": code + "\n" + cell.source, "after": cell.source + "\n" + code}.get(where, code)
     return nbformat.writes(nb)
 
 
@@ -251,7 +328,8 @@ def test_every_file_has_a_row_and_the_honest_students_full_marks(attacked):
     rows = attacked["rows"]
     expected = {*HOSTILE, "alice", "名字", "forged_cell", "oldformat", "huge", "mallory", "oscar", "peggy"}
     assert set(rows) == expected
-    for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty", "deeptree"):
+    # forger's files are not where results come from: its right answers earn what they earn
+    for student in ("alice", "名字", "vandal", "secrets", "homefile", "orphan", "sybil", "chatty", "deeptree", "forger"):
         assert rows[student]["auto_points"] == 12, (student, rows[student])
     assert all(row["auto_max"] == 12 for row in rows.values()), "the forged 100-point cell counted"
     assert not any("unsandboxed" in row["flags"] for row in rows.values())
@@ -269,7 +347,9 @@ def test_a_cheat_earns_nothing(attacked, student):
     ("forkbomb", "process-limit:01-sft-mask-answer", 9), ("memhog", "memory-limit:01-sft-mask-answer", 9),
     ("bigfile", "scratch-full:01-sft-mask-answer", 9),
     ("dirflood", "scratch-full:01-sft-mask-answer", 9),  # empty folders count 4 KiB each
-    ("mallory", "symlink", 0), ("forger", "forged-run", 0), ("oscar", "symlink", 0),
+    ("mallory", "symlink", 0), ("oscar", "symlink", 0),
+    ("resulter", "forged-run", 0), ("allclose", "judge-touched", 0), ("abs_inside", "judge-touched", 0),
+    ("tracer", "judge-touched", 0), ("liar", None, 0),
     ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
 ])
 def test_a_limit_or_a_trick_is_flagged(attacked, student, flag, total):
@@ -300,6 +380,18 @@ def test_no_secret_and_no_other_students_work_in_any_feedback(attacked):
     # the scrubbed environment: no token, no key, only the grader's own kernel settings
     assert "raised {'TOKENIZERS_PARALLELISM': 'false'}" in feedback(attacked, "secrets")
     assert "found []" in feedback(attacked, "trent")
+
+
+def test_the_hidden_tests_stay_hidden(attacked):
+    # peeker's collate raises what it can reach from the check that calls it: the visible part's code, the
+    # checks' names, a hidden test's variable. The hidden parts run as code objects of their own, and what
+    # they bind goes with them.
+    text = feedback(attacked, "peeker")
+    assert "ValueError: []" in text and "(5, 6, 7)" in text, "the visible part's failure shows; the hidden names are gone"
+    for hidden in ("hidden test:", "plain_ex", "pad_token_id=9", "[[1, 9, 9, 9]", "(4, 5, 6, 7)"):
+        assert hidden not in text, f"{hidden!r} reached the feedback"
+    liar = [line for line in feedback(attacked, "liar").splitlines() if "01-causal-loss" in line]
+    assert liar and "redefines __torch_function__" in liar[0], liar
 
 
 def test_no_connection_no_process_left(attacked):

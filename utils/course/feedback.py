@@ -69,6 +69,11 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     if sub.get("detail"):
         issues.append(f"- {_md_text(sub['detail'])}")
     issues += [f"- answer cell {e['grade_id']} raised {_md_text(e['error'])}" for e in result.get("answer_errors", [])]
+    issues += [f"- answer cell {s['grade_id']}: the grader runs only its definitions (imports, `def`, `class`, "
+               f"assignments to names); the statements at line(s) {', '.join(map(str, s['lines']))} were not run"
+               for s in result.get("skipped", []) if s.get("lines")]
+    if result.get("status") == "touched":
+        issues.append(f"- **no check counted:** {_md_text(result.get('detail', ''))}")
     issues += [f"- {_md_text(n)}" for n in result.get("notes", [])]
     if result.get("wrong-lab"):
         issues.append(f"- this notebook is the lab {_md_text(repr(result['wrong-lab']))}, not {lab_name!r}")

@@ -11,12 +11,13 @@ Usage (from the repository root)::
 1. **Integrity.** Every graded check is compared with the instructor's lab by nbgrader checksum;
    a changed or deleted check is flagged, and the lesson's own check (hidden tests included) is
    what runs, always.
-2. **Implementation.** Only what the checks need is re-executed, with papermill in a separate
-   kernel on the CPU with the ``tiny`` preset: the lesson's ``parameters`` and ``grader-setup``
-   cells, the student's answer cells and the checks. An answer or check cell has ``--cell-timeout``
-   seconds (then it is interrupted; if it ignores the interrupt for 10 s more, its kernel is killed) and the
-   notebook ``--timeout`` seconds (then its kernel is killed); the cell that hung is set aside and
-   the rest is graded again.
+2. **Implementation.** Only what the checks need is re-executed, in the judge (:mod:`judge`: a
+   separate plain Python process on the CPU, the checks out of the answers' reach) with the ``tiny``
+   preset: the lesson's ``parameters`` and ``grader-setup`` cells, the definitions in the student's
+   answer cells and the checks. An answer or check cell has ``--cell-timeout`` seconds (then it is
+   interrupted; if it ignores the interrupt for 10 s more, the run is killed) and the notebook
+   ``--timeout`` seconds (then the run is killed); the cell that hung is set aside and the rest is
+   graded again. Answers that change what the checks rely on earn nothing (``judge-touched``).
 3. **Results.** The records (``utils.read_records``) and figures of the student's own run are
    reported as self-reported, with the preset, model, device and hardware they ran on.
 4. **Output** in ``--out`` (default ``SUBMISSIONS_DIR-grades``): ``grades.csv`` (one row per
@@ -26,8 +27,8 @@ Usage (from the repository root)::
    written answers beside each question and its marking guide: :mod:`written`) and
    ``feedback/<student>.md`` with ``feedback/<student>/figure-N.png``.
 
-A broken submission (invalid JSON, missing cells, a syntax error, an infinite loop, a kernel
-crash, a renamed file, a symbolic link, the wrong lab) gets a row with flags saying what happened
+A broken submission (invalid JSON, missing cells, a syntax error, an infinite loop, a crashed
+run, a renamed file, a symbolic link, the wrong lab) gets a row with flags saying what happened
 and never stops the batch. Submissions are only read, never written, never followed as links.
 
 Every run of a student's code is confined to a bubblewrap sandbox of its own (``sandbox``: the
@@ -40,7 +41,6 @@ Exit status: 0 when the batch was graded (whatever the grades), 2 for a usage er
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import io
 import os
@@ -69,6 +69,7 @@ from .grading import (
 )
 from .kernel import map_in_threads
 from .lessons import lesson_number, meta_of
+from .submissions import figures as submission_figures
 from .submissions import find_submissions, load, shown_name, unique_safe_names
 
 STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a kernel crash",
@@ -96,7 +97,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
         if run["status"] == "sandbox-error":
             notes.append("the sandbox could not be set up for this run: grade it again (or by hand)")
             break
-        if run["status"] in ("ok", "error", "forged") or run["running"] is None:
+        if run["status"] in ("ok", "error", "forged", "touched") or run["running"] is None:
             break
         cell = gnb.cells[run["running"]]
         role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
@@ -124,6 +125,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
                 "message": "not run"}
     return {"checks": checks, "integrity": integrity, "notes": notes, "status": run["status"],
             "detail": run["detail"], "answer_errors": run["answer_errors"], "setup_errors": run["setup_errors"],
+            "skipped": run["skipped"],
             "attempts": attempt + 1}
 
 
@@ -142,15 +144,8 @@ def self_reported(nb) -> tuple[dict, list, list[str]]:
         records = read_records(nb)
     except ValueError as e:
         records, problems = {}, [f"records unreadable: {e}"]
-    figures = []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            png = out.get("data", {}).get("image/png")
-            if png:
-                try:
-                    figures.append(base64.b64decode(png))
-                except (ValueError, TypeError):
-                    problems.append("a figure could not be decoded")
+    figures, left_out = submission_figures(nb)
+    problems += left_out
     if not records:
         problems.append("no records: the lab was not run to its end (or not run at all)")
     return records, figures, problems
@@ -164,8 +159,9 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     for key in ("wrong-lab", "invalid-notebook", "grader-error"):
         if result and result.get(key):
             flags.append(key)
-    if result and result.get("status") in ("sandbox-error", "forged"):
-        flags.append("grader-error" if result["status"] == "sandbox-error" else "forged-run")
+    if result and result.get("status") in ("sandbox-error", "forged", "touched"):
+        flags.append({"sandbox-error": "grader-error", "forged": "forged-run", "touched": "judge-touched"}[
+            result["status"]])
     return flags
 
 
@@ -218,8 +214,8 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     row["auto_max"] = sum(c["max_points"] for c in checks.values())
     row["_written"] = result.get("written", {})
     row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
-    for k, v in meta_of(result.get("records", {})).items():
-        row[k] = "" if v is None else v
+    for k, v in meta_of(result.get("records", {})).items():   # the student's text: one short line in the CSV
+        row[k] = "" if v is None else shown_name(str(v))[:100]
     manual = written.manual_row(asked, marks or {}, result.get("written"))
     row.update(manual)
     row["flags"] = " ".join([*row["flags"].split(), *(f for f in written.unanswered(asked, result.get("written"))

@@ -1,9 +1,10 @@
-"""Re-running a notebook's answers and graded checks, and only those, in a kernel of their own.
+"""Re-running a notebook's answers and graded checks, and only those, in a judge process of their own.
 
 :func:`grading_notebook` assembles the cells (the lesson's ``parameters`` and ``grader-setup`` cells,
-the answers given, the lesson's checks); :func:`execute` runs it with papermill in a separate process
-under cell and notebook time limits; :func:`read_run` reads each check's result back. The grader
-(``grade``) and the lab validation (``labs validate``) both use it.
+the answers given, the lesson's checks); :func:`execute` runs them in the judge (``judge.py``: a plain
+Python process, the checks out of the answers' reach) under cell and notebook time limits; :func:`read_run`
+reads each check's result from what the judge said. The grader (``grade``) and the lab validation
+(``labs validate``) both use it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import copy
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import time
@@ -21,20 +21,17 @@ from pathlib import Path
 
 import nbformat
 
-from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG
+from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, UTILS_DIR
 from . import sandbox as sb
 from . import speed
-from .cells import compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
+from .cells import BEGIN_HIDDEN, END_HIDDEN, compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
 from .kernel import kill_tree
-from .lessons import own_cells
 
-KERNEL_ENV = {  # the grading kernel: CPU only, one thread per kernel, offline, quiet
+KERNEL_ENV = {  # the grading run: CPU only, one thread, offline, quiet
     "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
     "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
 }
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
-MAX_EXECUTED_BYTES = 256 << 20   # an executed grading notebook bigger than this is not read (50 MB of output is)
-PROGRESS_FILE = "progress.json"  # the run writes which cell it is in; the grader polls it
 INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
 
 
@@ -135,51 +132,36 @@ def _limited(metadata) -> bool:
     return metadata.get("grading", {}).get("role") in ("answer", "check")
 
 
-# The command of the worker process. nbformat validates notebooks with jsonschema, whose format checkers import
-# ``rfc3987_syntax`` where it is installed (jupyterlab's dependencies install it): that import builds some 35 Earley
-# parsers, 1.5 s of every worker's start here (jsonschema issue #1428), for the "iri" formats that no notebook
-# schema uses. The worker marks the module absent first; jsonschema then leaves those two format checks out.
-WITHOUT_IRI_PARSERS = "import sys; sys.modules.setdefault('rfc3987_syntax', None); "
-WORKER = WITHOUT_IRI_PARSERS + "from utils.course.grading import _worker; sys.exit(_worker(sys.argv[1:]))"
+# The command of the judge (``judge.py``), run as a script of its own: it imports nothing of the course, so that
+# the setup cells import the ``utils`` of the folder they find (a handout's own).
+JUDGE_PATH = UTILS_DIR / "course" / "judge.py"
+JUDGE = ("import sys; p = sys.argv[1]; g = {'__name__': '__judge__', '__file__': p}; "
+         "exec(compile(open(p, encoding='utf-8').read(), p, 'exec'), g); g['main'](sys.argv[2:])")
+MAX_RESULT_BYTES = 4 << 20   # what the judge may say on standard output; a run that says more is not read on
 
 
-def _worker(argv) -> int:
-    """Run in a child process: execute one grading notebook with papermill; write a status file."""
-    src, dst, cell_timeout, cwd, status_path, params = argv
-    import papermill
-    from papermill.engines import NotebookExecutionManager
-
-    from .kernel import execute_notebook
-
-    def timeout_of(cell):  # answers and checks get the cell limit; setup cells only the notebook's
-        return int(cell_timeout) if _limited(cell.metadata) else None
-
-    progress, cell_start = Path(status_path).with_name(PROGRESS_FILE), NotebookExecutionManager.cell_start
-
-    def announce(self, cell, *args, **kwargs):  # which cell runs, in a small file the grader polls
-        cell_start(self, cell, *args, **kwargs)
-        index = next((i for i, c in enumerate(own_cells(self.nb.cells)) if c is cell), None)
-        progress.write_text(json.dumps({"running": index}), encoding="utf-8")
-    NotebookExecutionManager.cell_start = announce
-
-    status = {"status": "ok", "detail": ""}
-    try:
-        execute_notebook(src, dst, parameters=json.loads(params), kernel_name="python3", cwd=cwd,
-                         progress_bar=False, log_output=False, timeout_func=timeout_of,
-                         interrupt_on_timeout=True, start_timeout=120,
-                         shutdown_kernel="immediate")   # its outputs are in: no 1-2 s of a polite shutdown per run
-    except papermill.PapermillExecutionError:
-        pass  # papermill reports the errors the cells were allowed to raise: read_run reads them
-    except Exception as e:  # a dead kernel, a kernel that would not start, ...
-        dead = type(e).__name__ == "DeadKernelError"
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        status = {"status": "kernel-died" if dead else "error", "detail": f"{type(e).__name__}: {first}"}
-    Path(status_path).write_text(json.dumps(status), encoding="utf-8")
-    return 0
+def judge_spec(gnb, cell_timeout: int, parameters: dict) -> dict:
+    """What the judge runs: each cell's role, grade_id and source; a check's parts, hidden or not, by line."""
+    cells = []
+    for cell in gnb.cells:
+        role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
+        entry = {"role": role, "grade_id": gid, "source": cell.source}
+        if role == "parameters":
+            entry["injected"] = "".join(f"{k} = {v!r}\n" for k, v in parameters.items())
+        if role == "check":
+            entry["segments"], start, hidden = [], 0, False
+            lines = cell.source.splitlines()
+            for i, line in enumerate(lines):
+                if line.strip() in (BEGIN_HIDDEN, END_HIDDEN):
+                    entry["segments"].append([start, i, hidden])
+                    start, hidden = i + 1, line.strip() == BEGIN_HIDDEN
+            entry["segments"].append([start, len(lines), hidden])
+        cells.append(entry)
+    return {"cells": cells, "cell_timeout": cell_timeout}
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kill a process and every descendant (papermill and the kernel it started)."""
+    """Kill a process and every descendant (the sandbox's launcher, the judge, whatever it started)."""
     import psutil
 
     with contextlib.suppress(psutil.NoSuchProcess):
@@ -198,58 +180,70 @@ def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
     return f"{ename}: {evalue}"
 
 
-def read_run(executed, cell_timeout: int, stopped: str = "") -> dict:
-    """Per-check results and the errors of answer/setup cells, from an executed grading notebook.
+def read_run(said: list[dict], gnb, cell_timeout: int, stopped: str = "") -> dict:
+    """Per-check results and the errors of answer/setup cells, from what the judge said (its result lines).
 
-    ``running`` is the index of the cell the run stopped in: the one papermill marks as running
-    (the process was killed), else, when ``stopped`` says the run stopped early, the cell the
-    kernel died in: the one it started (nbclient records ``iopub.execute_input``) but never
-    answered (no ``shell.execute_reply``), or, when the kernel died before it even announced the
-    cell, the first cell it never started.
+    ``running`` is the index of the cell the judge started and never finished when the run stopped
+    early (``stopped`` says why), else None. ``skipped`` lists the answer cells' top-level statements
+    that the judge did not run (``{"grade_id", "lines"}``).
     """
-    checks, answer_errors, setup_errors, running, first_unrun, unanswered = {}, [], [], None, None, None
-    for i, cell in enumerate(own_cells(executed.cells)):
-        role = cell.metadata.get("grading", {}).get("role")
-        gid = cell.metadata.get("grading", {}).get("grade_id")
-        pm = cell.metadata.get("papermill", {})
-        if pm.get("status") == "running":
-            running = i
-        error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-        # Only the kernel sets execution_count; papermill marks cells "completed" even after a dead kernel.
-        ran = cell.get("execution_count") is not None
-        if not ran and first_unrun is None:
-            first_unrun = i
-        timing = cell.metadata.get("execution", {})
-        if unanswered is None and (ran or "iopub.execute_input" in timing) and "shell.execute_reply" not in timing:
-            unanswered = i
+    results = {r["cell"]: r for r in said if isinstance(r.get("cell"), int)}
+    started = [r["start"] for r in said if isinstance(r.get("start"), int)]
+    checks, answer_errors, setup_errors, skipped = {}, [], [], []
+    for i, cell in enumerate(gnb.cells):
+        role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
+        res = results.get(i)
+        error = None if res is None or not res.get("ename") else _check_message(
+            res["ename"], res.get("message", ""), cell_timeout)
         if role == "check":
             points = cell.metadata["nbgrader"]["points"]
-            if error is not None:
-                ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
-                res = {"passed": False, "ename": ename, "message": _check_message(ename, evalue, cell_timeout)}
-            elif ran:
-                res = {"passed": True, "ename": None, "message": ""}
-            else:
-                res = {"passed": False, "ename": "NotRun",
+            if res is None:
+                out = {"passed": False, "ename": "NotRun",
                        "message": f"not run: {stopped or 'the run stopped before it'}"}
-            checks[gid] = {**res, "points": points if res["passed"] else 0, "max_points": points}
+            else:
+                out = {"passed": error is None, "ename": res.get("ename"), "message": error or ""}
+            checks[gid] = {**out, "points": points if out["passed"] else 0, "max_points": points}
         elif error is not None:
-            entry = {"cell": i + 1, "grade_id": gid,
-                     "error": _check_message(error.get("ename", "Error"), error.get("evalue", ""), cell_timeout)}
+            entry = {"cell": i + 1, "grade_id": gid, "error": error}
             (answer_errors if role == "answer" else setup_errors).append(entry)
-    if running is None and stopped:  # a dead kernel: the cell it never answered
-        running = unanswered if unanswered is not None else first_unrun
-    return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running}
+        if res is not None and res.get("skipped"):
+            skipped.append({"grade_id": gid, "lines": [n for n in res["skipped"] if isinstance(n, int)][:20]})
+    running = started[-1] if stopped and started and started[-1] not in results else None
+    return {"checks": checks, "answer_errors": answer_errors, "setup_errors": setup_errors, "running": running,
+            "skipped": skipped}
 
 
-def _running_cell(progress_path: Path, gnb) -> int | None:
-    """Index of the answer or check cell the run announced last (its progress file), or None."""
-    try:
-        index = json.loads(_read_result(progress_path, 4096) or b"")["running"]
-    except (ValueError, KeyError, TypeError):
-        return None  # not written yet, caught mid-write, or not ours
-    ok = isinstance(index, int) and 0 <= index < len(gnb.cells) and _limited(gnb.cells[index].metadata)
-    return index if ok else None
+class _Listener:
+    """Reads the judge's standard output in a thread: the lines with the run's nonce; whether any was forged."""
+
+    def __init__(self, stream, nonce: str):
+        import threading
+        self.said, self.forged, self.nonce, self.size = [], False, nonce, 0
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.size += len(line)
+            if self.size > MAX_RESULT_BYTES:
+                self.forged = True
+                break
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                entry = None
+            if not isinstance(entry, dict) or entry.pop("nonce", None) != self.nonce:
+                self.forged = True
+                continue
+            self.said.append(entry)
+        stream.close()
+
+    def running(self) -> int | None:
+        """The cell the judge started last and has not finished."""
+        said = list(self.said)
+        starts = [r["start"] for r in said if isinstance(r.get("start"), int)]
+        done = {r.get("cell") for r in said}
+        return starts[-1] if starts and starts[-1] not in done else None
 
 
 def parse_untrusted_json(raw: bytes, memory: int = 2 << 30, timeout: int = 120):
@@ -279,20 +273,6 @@ def kernel_env(workdir: Path) -> dict:
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])}
 
 
-def _read_result(path: Path, max_bytes: int) -> bytes | None:
-    """A file the run left in its scratch folder, or None: missing, too big, or not a regular file (a
-    symlink to one of the grader's files, a FIFO that would block) -- never followed, never waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
-            return None
-        return f.read(max_bytes + 1)[:max_bytes]
-
-
 def _scratch_bytes(folder: Path) -> int:
     """Bytes a scratch folder takes: the larger of its disk use and 4 KiB per entry (so that a million
     empty files or folders fill it too). GNU ``du`` counts it, links not followed and at any depth
@@ -317,32 +297,21 @@ def remove_scratch(folder: Path) -> None:
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
-def _same_cells(executed, gnb) -> bool:
-    """Whether an executed notebook is the grading notebook that was run (not one the run wrote itself)."""
-    try:
-        ran = own_cells(executed.cells)
-        return len(ran) == len(gnb.cells) and all(
-            a.get("source") == b.source and a.get("metadata", {}).get("grading") == b.metadata["grading"]
-            and a.get("metadata", {}).get("nbgrader") == b.metadata.get("nbgrader") for a, b in zip(ran, gnb.cells))
-    except (AttributeError, TypeError):  # cells that are not cells
-        return False
-
-
 def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
             kernel_cwd: Path = NOTEBOOKS_DIR, sandbox=None, lesson: str | None = None) -> dict:
-    """Execute a grading notebook once, in a separate process and kernel, within ``timeout`` seconds.
+    """Run a grading notebook once, in the judge (``judge.py``, a separate process), within ``timeout`` seconds.
 
-    The kernel starts in ``kernel_cwd``; the lesson's setup cell imports the ``utils`` of the first
+    The judge starts in ``kernel_cwd``; the lesson's setup cell imports the ``utils`` of the first
     folder above it that has one (a handout's own, for a handout's labs). The environment is
     :func:`kernel_env` only. With ``sandbox`` (``sandbox.find()``), the run is confined to it,
     ``workdir`` being its scratch folder and ``lesson`` the lesson whose lab it grades; the run is
     stopped when the scratch outgrows the sandbox's file limit or a fork meets its process limit.
 
-    Returns ``{"status": "ok" | "timeout" | "kernel-died" | "memory-limit" | "process-limit" | "scratch-full" |
-    "forged" | "sandbox-error" | "error",
-    "detail", "wall_s", "checks", "answer_errors", "setup_errors", "running"}`` (``running``: index of
-    the cell that was running when the run stopped, or None). The executed notebook is
-    ``workdir/executed.ipynb``; what the run wrote is read back checked (sizes, types, the cells run).
+    Returns ``{"status": "ok" | "touched" | "timeout" | "kernel-died" | "memory-limit" | "process-limit" |
+    "scratch-full" | "forged" | "sandbox-error" | "error", "detail", "wall_s", "checks", "answer_errors",
+    "setup_errors", "skipped", "running"}`` (``running``: index of the cell that was running when the run
+    stopped, or None). Results come only from the judge's lines that carry the nonce it was given; a line
+    without it makes the run ``forged``, a judge that says its checks were tampered with ``touched``.
 
     Both limits are stretched by the machine's measured slowdown (:mod:`utils.course.speed`: 1.0 on the course's
     reference machine or a faster one, 2.0 where its workload takes twice as long now), so a slow or busy
@@ -351,24 +320,24 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     factor = speed.slowdown()
     timeout, cell_timeout = speed.scaled(timeout, factor), speed.scaled(cell_timeout, factor)
     workdir.mkdir(parents=True, exist_ok=True)
-    src, dst, status_path = workdir / "grading.ipynb", workdir / "executed.ipynb", workdir / "status.json"
-    for p in (dst, status_path, workdir / PROGRESS_FILE):
-        p.unlink(missing_ok=True)
-    nbformat.write(gnb, src)
     (workdir / "home").mkdir(exist_ok=True)
     inside = sb.SCRATCH if sandbox is not None else workdir  # the scratch folder as the run sees it
-    params = json.dumps({"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
-    cmd = [sys.executable, "-c", WORKER, *(str(inside / p.name) for p in (src, dst)), str(cell_timeout),
-           str(kernel_cwd), str(inside / status_path.name), params]
+    spec = judge_spec(gnb, cell_timeout, {"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
+    (workdir / "judge.json").write_text(json.dumps(spec), encoding="utf-8")
+    cmd = [sys.executable, "-c", JUDGE, str(JUDGE_PATH), str(inside / "judge.json"), str(kernel_cwd)]
     env, confinement, max_bytes = kernel_env(inside), None, sb.DEFAULT_FILE_MIB * sb.MiB
     if sandbox is not None:
         confinement = sb.Confinement(sandbox, f"grade-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         cmd = sb.command(sandbox, cmd, scratch=workdir, env=env, empty_dirs=[kernel_cwd], lesson=lesson,
                          cgroup_procs=confinement.procs)
         max_bytes = sandbox.limits.file_size
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    start, nonce = time.perf_counter(), uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
+    listener = _Listener(proc.stdout, nonce)
+    with contextlib.suppress(OSError):
+        proc.stdin.write(f"{nonce}\n".encode())
+        proc.stdin.close()
     status, running_since = None, {}
     try:
         while status is None:
@@ -378,15 +347,15 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
             except subprocess.TimeoutExpired:
                 pass
             now = time.perf_counter()
-            stuck = _running_cell(workdir / PROGRESS_FILE, gnb)
-            if stuck is not None:
+            stuck = listener.running()
+            if stuck is not None and stuck < len(gnb.cells) and _limited(gnb.cells[stuck].metadata):
                 running_since.setdefault(stuck, now)
             if now - start > timeout:
                 status = {"status": "timeout",
-                          "detail": f"the notebook ran past its {timeout} s limit; its kernel was killed"}
-            elif stuck is not None and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
+                          "detail": f"the notebook ran past its {timeout} s limit; its run was killed"}
+            elif stuck in running_since and now - running_since[stuck] > cell_timeout + INTERRUPT_GRACE_S:
                 status = {"status": "timeout", "detail": f"a cell ran past its {cell_timeout} s limit and ignored "
-                                                         "the interrupt; its kernel was killed"}
+                                                         "the interrupt; its run was killed"}
             elif confinement is not None and confinement.process_limit_hits():
                 status = {"status": "process-limit", "detail": f"the run reached the limit of "
                                                                f"{sandbox.limits.processes} processes; it was stopped"}
@@ -395,11 +364,23 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
                                                               "of files; it was stopped"}
             if status is not None:
                 _kill_tree(proc)
+        listener.thread.join(timeout=10)
+        said = list(listener.said)
+        touched = next((str(r["touched"])[:300] for r in said if "touched" in r), None)
         if status is None and proc.returncode == sb.LAUNCH_FAILED:
             status = {"status": "sandbox-error", "detail": "the sandbox could not be set up for this run (the "
                                                            "grader's problem, not the submission's)"}
-        if status is None:
-            status = _read_status(status_path, proc.returncode)
+        elif listener.forged:
+            status = {"status": "forged", "detail": "the run wrote results the judge did not (or far too many); "
+                                                    "no check is counted"}
+        elif touched is not None:
+            status = {"status": "touched", "detail": f"the answers changed what the checks rely on ({touched}); "
+                                                     "no check is counted"}
+        elif status is None and any(r.get("done") for r in said):
+            status = {"status": "ok", "detail": ""}
+        elif status is None:
+            status = {"status": "kernel-died", "detail": f"the run ended (exit status {proc.returncode}) before it "
+                                                         "finished"}
         if confinement is not None and confinement.oom_kills() and status["status"] in ("kernel-died", "error"):
             status = {"status": "memory-limit", "detail": f"a process passed the {sandbox.limits.memory / sb.GiB:g} "
                                                           "GiB memory limit and was killed"}
@@ -409,30 +390,9 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
         if confinement is not None:
             confinement.close()
     wall = round(time.perf_counter() - start, 1)
-    executed, raw = None, _read_result(dst, min(max_bytes, MAX_EXECUTED_BYTES))
-    if raw is not None:
-        try:
-            shape = parse_untrusted_json(raw)  # safe to parse: now nbformat may (it joins the source lines)
-            if isinstance(shape, dict) and shape.get("nbformat") == 4 and isinstance(shape.get("cells"), list):
-                executed = nbformat.reads(raw.decode("utf-8"), as_version=4)
-        except Exception:
-            executed = None
-    if executed is not None and not _same_cells(executed, gnb):
-        executed = None
-        status = {"status": "forged", "detail": "the executed notebook is not the one the grader ran (its cells "
-                                               "were changed during the run); no check is counted"}
     stopped = "" if status["status"] == "ok" else status["detail"]
-    run = read_run(executed if executed is not None else gnb, cell_timeout, stopped)
+    run = read_run([] if status["status"] == "forged" else said, gnb, cell_timeout, stopped)
+    if status["status"] in ("touched", "forged"):
+        for check in run["checks"].values():
+            check.update(passed=False, points=0, ename=status["status"], message=status["detail"])
     return {**status, "wall_s": wall, "limits_scaled_by": factor, **run}
-
-
-def _read_status(path: Path, returncode: int) -> dict:
-    """The worker's status file, checked: a known status and a short detail."""
-    raw = _read_result(path, 64 * 1024)
-    try:
-        status = json.loads(raw) if raw is not None else None
-    except ValueError:
-        status = None
-    if not isinstance(status, dict) or status.get("status") not in ("ok", "error", "kernel-died"):
-        return {"status": "error", "detail": f"the grading process exited with {returncode} and left no valid status"}
-    return {"status": status["status"], "detail": str(status.get("detail", ""))[:300]}

@@ -3,7 +3,7 @@
 The grader's time limits (a cell's 30 s, a notebook's 180 s) and the test suite's few wall-clock limits were
 set on the course's 2-core CI machine, idle. On a slower machine, or one busy with other work (a class graded
 two at a time beside a test run), the same honest cell takes longer; a fixed limit then fails it where nothing
-is wrong. :func:`slowdown` times a short fixed workload on one thread (interpreted Python: a grading kernel runs
+is wrong. :func:`slowdown` times a short fixed workload on one thread (interpreted Python: a grading run uses
 one thread, ``OMP_NUM_THREADS=1``) and compares it with the reference machine's time: 1.0 there and on any
 faster machine, 2.0 where it takes twice as long. :func:`scaled` stretches a limit by it. Measured when a
 limit is about to be used (about 0.1 s), so the load of that moment counts: one measurement at a time in a

@@ -18,6 +18,10 @@ from .grading import parse_untrusted_json
 MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
 MAX_NAME_CHARS = 120                       # a student's name as the grader shows it
 MAX_SAFE_BYTES = 100                       # a feedback file's name, in bytes (file systems allow 255)
+MAX_CELLS = 5000                           # a lab has about 100 cells; a million would cost the grader gigabytes
+MAX_FIGURES, MAX_FIGURE_BYTES, MAX_FIGURES_BYTES = 40, 4 << 20, 32 << 20   # figures copied into a feedback folder
+MAX_FIGURE_PIXELS = 25_000_000             # width x height a PNG's header may declare (a lesson's figures: < 1 M)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def shown_name(name: str) -> str:
@@ -133,6 +137,8 @@ def load(path: Path):
             return None, f"{size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a lab can be"
         data = path.read_bytes()
         data.decode("utf-8")
+        if (cells := data.count(b'"cell_type"')) > MAX_CELLS:   # counted before anything is parsed
+            return None, f"{cells} cells, over the {MAX_CELLS} a lab can have"
         raw = parse_untrusted_json(data)
     except UnicodeDecodeError:
         return None, "not a text file"
@@ -150,6 +156,49 @@ def load(path: Path):
         return nbformat.reads(json.dumps(raw), as_version=4), None
     except Exception as e:  # nbformat's own reader refuses it
         return None, f"not a readable notebook ({type(e).__name__}: {str(e)[:200]})"
+
+
+def png_problem(raw: bytes) -> str | None:
+    """Why these bytes are not a PNG the grader copies into a feedback folder, or None: a PNG's signature and
+    header chunk, at most :data:`MAX_FIGURE_BYTES` bytes and :data:`MAX_FIGURE_PIXELS` pixels (what its header
+    declares: a decompression bomb declares billions)."""
+    if len(raw) > MAX_FIGURE_BYTES:
+        return f"over {MAX_FIGURE_BYTES >> 20} MB"
+    if not raw.startswith(PNG_MAGIC) or raw[12:16] != b"IHDR" or len(raw) < 24:
+        return "not a PNG"
+    width, height = int.from_bytes(raw[16:20], "big"), int.from_bytes(raw[20:24], "big")
+    if not 0 < width * height <= MAX_FIGURE_PIXELS:
+        return f"{width} x {height} pixels"
+    return None
+
+
+def figures(nb) -> tuple[list[bytes], list[str]]:
+    """(the PNG figures of a notebook's outputs that pass :func:`png_problem`, at most :data:`MAX_FIGURES` and
+    :data:`MAX_FIGURES_BYTES` in all; what was left out and why, one line per reason)."""
+    import base64
+    kept, left, total = [], {}, 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {}) if isinstance(out, dict) else {}
+            png = data.get("image/png") if isinstance(data, dict) else None
+            if not png:
+                continue
+            if not isinstance(png, str) or len(png) > MAX_FIGURE_BYTES * 4 // 3 + 8:
+                why = f"over {MAX_FIGURE_BYTES >> 20} MB"
+            else:
+                try:
+                    raw = base64.b64decode(png)
+                    why = png_problem(raw)
+                except (ValueError, TypeError):
+                    why = "not base64"
+            if why is None and (len(kept) >= MAX_FIGURES or total + len(raw) > MAX_FIGURES_BYTES):
+                why = f"over {MAX_FIGURES} figures or {MAX_FIGURES_BYTES >> 20} MB in all"
+            if why is None:
+                kept.append(raw)
+                total += len(raw)
+            else:
+                left[why] = left.get(why, 0) + 1
+    return kept, [f"{n} figure(s) not shown: {why}" for why, n in left.items()]
 
 
 def safe_name(student: str) -> str:
