@@ -19,18 +19,22 @@ print("ok")
 '''
 
 
-def grading_nb(*answers_and_checks):
-    """A grading notebook: a setup cell, then (answer source, check source) pairs, each check worth 1 point."""
+def grading_nb(*answers_and_checks, exports=("f", "g")):
+    """(grading notebook, lab): a setup cell, then (answer source, check source) pairs, each check worth 1 point;
+    the lab's stub of each answer defines ``exports``."""
     def cell(source, role, gid):
         c = nbformat.v4.new_code_cell(source)
         c.metadata["grading"] = {"role": role, "grade_id": gid}
         if role == "check":
             c.metadata["nbgrader"] = {"grade": True, "solution": False, "points": 1, "grade_id": gid}
         return c
-    cells = [cell(SETUP, "setup", None)]
+    cells, lab = [cell(SETUP, "setup", None)], nbformat.v4.new_notebook()
     for i, (answer, check) in enumerate(answers_and_checks):
         cells += [cell(answer, "answer", f"c{i}-answer"), cell(check, "check", f"c{i}")]
-    return nbformat.v4.new_notebook(cells=cells)
+        stub = nbformat.v4.new_code_cell("".join(f"def {n}(*a):\n    raise NotImplementedError\n" for n in exports))
+        stub.metadata["nbgrader"] = {"grade": False, "solution": True, "grade_id": f"c{i}-answer"}
+        lab.cells.append(stub)
+    return nbformat.v4.new_notebook(cells=cells), lab
 
 
 def test_an_answer_runs_as_its_definitions():
@@ -47,16 +51,15 @@ def test_a_hidden_failure_says_only_the_constant_text_of_its_message():
     source = 'x = 1\nassert x == 2, f"hidden test: expected {x + 1}, got {x}"\nraise AssertionError("plain " "words")\n'
     assert judge["_hidden_message"](source, 2, "AssertionError", own=True) == "hidden test: expected …, got …"
     assert judge["_hidden_message"](source, 3, "AssertionError", own=True) == "plain words"
-    assert judge["_hidden_message"](source, 2, "ValueError", own=False) == \
-        "a hidden test failed (ValueError raised inside your code)"
+    assert judge["_hidden_message"](source, 2, "ValueError", own=False) == "a hidden test failed inside your code"
 
 
 def test_checks_pass_fail_and_keep_their_hidden_tests_to_themselves(tmp_path):
-    gnb = grading_nb(("def f(x):\n    return x * x\nprint('top-level: not run')\n", CHECK),
+    gnb, lab = grading_nb(("def f(x):\n    return x * x\nprint('top-level: not run')\n", CHECK),
                      ("def f(x):\n    return abs(x) * 2\n", CHECK),      # visible right, hidden wrong
                      ("def f(x):\n    return x + 1\n", CHECK),           # visible wrong
                      ("def g():\n    return 1\n", 'assert "secret" not in globals(), "a hidden test\'s name"\n'))
-    run = grading.execute(gnb, tmp_path / "run", timeout=120, cell_timeout=30)
+    run = grading.execute(gnb, lab, tmp_path / "run", timeout=120, cell_timeout=30)
     assert run["status"] == "ok", run
     assert run["checks"]["c0"]["passed"] and run["skipped"] == [{"grade_id": "c0-answer", "lines": [3]}]
     assert run["checks"]["c1"]["message"] == "hidden test: f of a negative number (…), got …", "nothing computed"
@@ -72,6 +75,25 @@ def test_checks_pass_fail_and_keep_their_hidden_tests_to_themselves(tmp_path):
 ])
 def test_an_answer_that_changes_what_the_checks_use_earns_nothing(tmp_path, answer, why):
     check = "assert torch.allclose(torch.tensor(float(f(2))), torch.tensor(4.0)) and abs(f(2) - 4) < 1e-6\n"
-    run = grading.execute(grading_nb((answer, check)), tmp_path / "run", timeout=120, cell_timeout=30)
+    run = grading.execute(*grading_nb((answer, check)), tmp_path / "run", timeout=120, cell_timeout=30)
     assert run["status"] == "touched" and why in run["detail"], run
     assert run["checks"]["c0"]["points"] == 0
+
+
+def test_what_an_answer_keeps_from_the_hidden_tests_never_reaches_the_feedback(tmp_path):
+    # The hidden part runs in a forked child: the arguments an answer stored there are gone, and a failure
+    # there names only a builtin exception class (an answer's own class may be named after what it saw).
+    stored = "_seen = []\ndef f(x):\n    _seen.append(x)\n    return x * x\n"
+    named = "def f(x):\n    if x < 0:\n        raise type(f'LEAK_{x}', (Exception,), {})()\n    return x * x\n"
+    tell = ("def g():\n    raise ValueError(f'seen {_seen}')\n", "assert g() == 1\n")
+    run = grading.execute(*grading_nb((stored, CHECK), tell), tmp_path / "a", timeout=120, cell_timeout=30)
+    assert run["checks"]["c0"]["passed"] and run["checks"]["c1"]["message"] == "ValueError: seen [2]", run["checks"]
+    run = grading.execute(*grading_nb((named, CHECK)), tmp_path / "b", timeout=120, cell_timeout=30)
+    assert run["checks"]["c0"]["message"] == "Exception: a hidden test failed inside your code", run["checks"]
+
+
+def test_a_cell_magic_a_tuple_and_an_if_block_are_definitions_too(tmp_path):
+    answer = "%%time\nimport math\nPAD, SCALE = 0, 2\nif SCALE:\n    BASE = 0\ndef f(x):\n    return x * SCALE + BASE\n%time f(1)\n"
+    run = grading.execute(*grading_nb((answer, "assert f(2) == 4\n")), tmp_path / "run", timeout=120, cell_timeout=30)
+    assert run["checks"]["c0"]["passed"], run
+    assert run["skipped"] == [{"grade_id": "c0-answer", "lines": [7]}], "the line magic is a call: not run"

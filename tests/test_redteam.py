@@ -206,6 +206,28 @@ def build_sft_example(tokenizer, messages, max_length):      # results written t
                 pass
     return {{"input_ids": [], "labels": []}}
 """),
+    "shadow": (LOSS, "unsolved", """
+import torch as _torch
+class _T:                                                   # names the checks use, rebound by the answer
+    def __getattr__(self, n):
+        return (lambda *a, **k: True) if n == "allclose" else getattr(_torch, n)
+torch = _T()
+abs = lambda x: 0
+isinstance = all = lambda *a: True
+def causal_lm_loss(logits, labels):
+    return (logits * 0).sum()
+"""),
+    "borrower": (MASK, "unsolved", """
+def build_sft_example(tokenizer, messages, max_length):     # the check's tokenizer changed under it
+    ids = type(tokenizer).apply_chat_template(tokenizer, messages, tokenize=True, return_dict=False)[:max_length]
+    tokenizer.apply_chat_template = lambda *a, **k: []
+    return {{"input_ids": ids, "labels": list(ids)}}
+"""),
+    "anything": (COLLATE, "unsolved", """
+from unittest.mock import ANY                               # a library's object equal to anything
+def collate(examples, pad_token_id):
+    return {{k: ANY for k in ("input_ids", "labels", "attention_mask")}}
+"""),
     "peeker": (COLLATE, "replace", """
 import sys
 def collate(examples, pad_token_id):                         # the hidden tests' values, raised into the feedback
@@ -218,7 +240,7 @@ def collate(examples, pad_token_id):                         # the hidden tests'
 }
 CHEATS = {"solutions": 9, "solutions2": 10, "always_equal": 10, "patched_abs": 9, "forged_cell": 12,
           "silencer": 0, "transformer": 0, "allclose": 0, "abs_inside": 0, "tracer": 0, "liar": 0,
-          "resulter": 0}  # the most points each may earn
+          "resulter": 0, "shadow": 0, "borrower": 0, "anything": 0}  # the most points each may earn
 
 
 def hostile_submission(student, fill):
@@ -349,7 +371,7 @@ def test_a_cheat_earns_nothing(attacked, student):
     ("dirflood", "scratch-full:01-sft-mask-answer", 9),  # empty folders count 4 KiB each
     ("mallory", "symlink", 0), ("oscar", "symlink", 0),
     ("resulter", "forged-run", 0), ("allclose", "judge-touched", 0), ("abs_inside", "judge-touched", 0),
-    ("tracer", "judge-touched", 0), ("liar", None, 0),
+    ("tracer", "judge-touched", 0), ("liar", None, 0), ("borrower", "judge-touched", 0), ("shadow", None, 0),
     ("peggy", "symlink", 0), ("huge", "invalid-notebook", 0), ("oldformat", "invalid-notebook", 0),
 ])
 def test_a_limit_or_a_trick_is_flagged(attacked, student, flag, total):
@@ -391,7 +413,7 @@ def test_the_hidden_tests_stay_hidden(attacked):
     for hidden in ("hidden test:", "plain_ex", "pad_token_id=9", "[[1, 9, 9, 9]", "(4, 5, 6, 7)"):
         assert hidden not in text, f"{hidden!r} reached the feedback"
     liar = [line for line in feedback(attacked, "liar").splitlines() if "01-causal-loss" in line]
-    assert liar and "redefines __torch_function__" in liar[0], liar
+    assert liar and "returned a tensor of class Liar" in liar[0], liar
 
 
 def test_no_connection_no_process_left(attacked):

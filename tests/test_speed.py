@@ -67,7 +67,8 @@ def test_a_busy_machine_stretches_the_cell_limit_of_a_grading_run(monkeypatch, t
     runs = {}
     for factor in (1.0, 2.0):
         monkeypatch.setattr(speed, "slowdown", lambda f=factor: f)
-        runs[factor] = grading.execute(gnb, tmp_path / str(factor), timeout=60, cell_timeout=1)
+        runs[factor] = grading.execute(gnb, nbformat.v4.new_notebook(), tmp_path / str(factor), timeout=60,
+                                       cell_timeout=1)
     slow, ok = runs[1.0]["checks"]["x-0"], runs[2.0]["checks"]["x-0"]
     assert not slow["passed"] and "timed out after 1 s" in slow["message"], slow
     assert ok["passed"], ok

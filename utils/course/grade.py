@@ -92,7 +92,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
     lab_cells = {grade_id(c): c for c in lab.cells if grade_id(c)}
     killed, notes, run = {}, [], None
     for attempt in range(MAX_ATTEMPTS):
-        run = execute(gnb, workdir / f"attempt{attempt + 1}", timeout, cell_timeout, sandbox=box,
+        run = execute(gnb, lab, workdir / f"attempt{attempt + 1}", timeout, cell_timeout, sandbox=box,
                       lesson=lesson_no)
         if run["status"] == "sandbox-error":
             notes.append("the sandbox could not be set up for this run: grade it again (or by hand)")

@@ -30,6 +30,7 @@ from .kernel import kill_tree
 KERNEL_ENV = {  # the grading run: CPU only, one thread, offline, quiet
     "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1",
     "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+    "PYTHONBREAKPOINT": "0",   # a breakpoint() left in an answer does nothing
 }
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
 INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
@@ -138,16 +139,45 @@ JUDGE_PATH = UTILS_DIR / "course" / "judge.py"
 JUDGE = ("import sys; p = sys.argv[1]; g = {'__name__': '__judge__', '__file__': p}; "
          "exec(compile(open(p, encoding='utf-8').read(), p, 'exec'), g); g['main'](sys.argv[2:])")
 MAX_RESULT_BYTES = 4 << 20   # what the judge may say on standard output; a run that says more is not read on
+MAX_LINE_BYTES = 64 << 10    # one line of it
 
 
-def judge_spec(gnb, cell_timeout: int, parameters: dict) -> dict:
-    """What the judge runs: each cell's role, grade_id and source; a check's parts, hidden or not, by line."""
+def _as_python(source: str) -> str:
+    """An answer cell's source as Python: IPython's magics and shell escapes as the calls they stand for (which
+    the judge then leaves out: they are not definitions); a cell magic's body (``%%time``) as its own code."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    if source.lstrip().startswith("%%"):
+        source = source.lstrip().split("\n", 1)[1] if "\n" in source.lstrip() else ""
+    try:
+        return TransformerManager().transform_cell(source)
+    except Exception:  # noqa: BLE001 -- the judge reports the cell's own SyntaxError
+        return source
+
+
+def _exports(stub: str) -> dict:
+    """What the checks may see of an answer cell: the names its stub defines (``def``, ``class``) or assigns."""
+    import ast
+    found = {}
+    for node in ast.parse(stub).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found[node.name] = "def" if isinstance(node, ast.FunctionDef) else "class"
+        elif isinstance(node, ast.Assign):
+            found.update({t.id: "value" for t in node.targets if isinstance(t, ast.Name)})
+    return found
+
+
+def judge_spec(gnb, lab, cell_timeout: int, parameters: dict) -> dict:
+    """What the judge runs: each cell's role, grade_id and source; an answer's exports (read from ``lab``'s stub of
+    it); a check's parts, hidden or not, by line."""
+    stubs = {grade_id(c): c.source for c in lab.cells if grade_id(c)}
     cells = []
     for cell in gnb.cells:
         role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
         entry = {"role": role, "grade_id": gid, "source": cell.source}
         if role == "parameters":
             entry["injected"] = "".join(f"{k} = {v!r}\n" for k, v in parameters.items())
+        if role == "answer":
+            entry["source"], entry["exports"] = _as_python(cell.source), _exports(stubs[gid])
         if role == "check":
             entry["segments"], start, hidden = [], 0, False
             lines = cell.source.splitlines()
@@ -223,14 +253,14 @@ class _Listener:
         self.thread.start()
 
     def _read(self, stream):
-        for line in stream:
+        while line := stream.readline(MAX_LINE_BYTES + 1):   # a line without an end is cut, never held whole
             self.size += len(line)
-            if self.size > MAX_RESULT_BYTES:
+            if self.size > MAX_RESULT_BYTES or len(line) > MAX_LINE_BYTES:
                 self.forged = True
                 break
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except Exception:  # noqa: BLE001 -- not JSON, or nested too deeply (RecursionError): not the judge's
                 entry = None
             if not isinstance(entry, dict) or entry.pop("nonce", None) != self.nonce:
                 self.forged = True
@@ -297,9 +327,10 @@ def remove_scratch(folder: Path) -> None:
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
-def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
+def execute(gnb, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout: int = CELL_TIMEOUT_S,
             kernel_cwd: Path = NOTEBOOKS_DIR, sandbox=None, lesson: str | None = None) -> dict:
-    """Run a grading notebook once, in the judge (``judge.py``, a separate process), within ``timeout`` seconds.
+    """Run a grading notebook once, in the judge (``judge.py``, a separate process), within ``timeout`` seconds;
+    ``lab`` is the lesson's student edition (its stubs say which names of an answer the checks may see).
 
     The judge starts in ``kernel_cwd``; the lesson's setup cell imports the ``utils`` of the first
     folder above it that has one (a handout's own, for a handout's labs). The environment is
@@ -322,9 +353,8 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "home").mkdir(exist_ok=True)
     inside = sb.SCRATCH if sandbox is not None else workdir  # the scratch folder as the run sees it
-    spec = judge_spec(gnb, cell_timeout, {"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
-    (workdir / "judge.json").write_text(json.dumps(spec), encoding="utf-8")
-    cmd = [sys.executable, "-c", JUDGE, str(JUDGE_PATH), str(inside / "judge.json"), str(kernel_cwd)]
+    spec = judge_spec(gnb, lab, cell_timeout, {"PRESET": "tiny", "SEED": 0, "OUTPUT_DIR": str(inside / "output")})
+    cmd = [sys.executable, "-c", JUDGE, str(JUDGE_PATH), str(kernel_cwd)]
     env, confinement, max_bytes = kernel_env(inside), None, sb.DEFAULT_FILE_MIB * sb.MiB
     if sandbox is not None:
         confinement = sb.Confinement(sandbox, f"grade-{os.getpid()}-{uuid.uuid4().hex[:12]}")
@@ -335,8 +365,8 @@ def execute(gnb, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_timeout:
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     listener = _Listener(proc.stdout, nonce)
-    with contextlib.suppress(OSError):
-        proc.stdin.write(f"{nonce}\n".encode())
+    with contextlib.suppress(OSError):   # on standard input: no file of the run's ever holds the hidden tests
+        proc.stdin.write(f"{nonce}\n{json.dumps(spec)}".encode())
         proc.stdin.close()
     status, running_since = None, {}
     try:

@@ -213,7 +213,7 @@ def validate_notebook(lesson, answers, lab, invert: bool = False, timeout: int =
     """
     gnb, _ = grading.grading_notebook(lesson, answers, lab)
     with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
-        run = grading.execute(gnb, Path(tmp), timeout=timeout, kernel_cwd=kernel_cwd)
+        run = grading.execute(gnb, lab, Path(tmp), timeout=timeout, kernel_cwd=kernel_cwd)
     problems = [f"the grading run stopped: {run['status']} ({run['detail']})"] if run["status"] != "ok" else []
     problems += [f"setup cell {s['cell']} failed: {s['error']}" for s in run["setup_errors"]]
     for gid, r in run["checks"].items():
