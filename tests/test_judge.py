@@ -19,7 +19,7 @@ print("ok")
 '''
 
 
-def grading_nb(*answers_and_checks, exports=("f", "g")):
+def grading_nb(*answers_and_checks, exports=("f", "g"), setup=SETUP):
     """(grading notebook, lab): a setup cell, then (answer source, check source) pairs, each check worth 1 point;
     the lab's stub of each answer defines ``exports``."""
     def cell(source, role, gid):
@@ -28,7 +28,7 @@ def grading_nb(*answers_and_checks, exports=("f", "g")):
         if role == "check":
             c.metadata["nbgrader"] = {"grade": True, "solution": False, "points": 1, "grade_id": gid}
         return c
-    cells, lab = [cell(SETUP, "setup", None)], nbformat.v4.new_notebook()
+    cells, lab = [cell(setup, "setup", None)], nbformat.v4.new_notebook()
     for i, (answer, check) in enumerate(answers_and_checks):
         cells += [cell(answer, "answer", f"c{i}-answer"), cell(check, "check", f"c{i}")]
         stub = nbformat.v4.new_code_cell("".join(f"def {n}(*a):\n    raise NotImplementedError\n" for n in exports))
@@ -72,6 +72,8 @@ def test_checks_pass_fail_and_keep_their_hidden_tests_to_themselves(tmp_path):
      "        return True\n    torch.allclose = once\n    return 0\n", "changed torch.allclose"),
     ("import builtins\nbuiltins.abs = lambda x: 0\n_ = setattr(builtins, 'abs', lambda x: 0)\ndef f(x):\n    return 0\n",
      "changed builtins.abs"),
+    ("import torch\nns = {}\n_ = exec(compile('def fake(*a, **k):\\n    return True\\n', torch.__file__, 'exec'), ns)\n"
+     "def f(x):\n    torch.allclose = ns['fake']\n    return 0\n", "changed torch.allclose"),   # a library's file name
 ])
 def test_an_answer_that_changes_what_the_checks_use_earns_nothing(tmp_path, answer, why):
     check = "assert torch.allclose(torch.tensor(float(f(2))), torch.tensor(4.0)) and abs(f(2) - 4) < 1e-6\n"
@@ -97,3 +99,24 @@ def test_a_cell_magic_a_tuple_and_an_if_block_are_definitions_too(tmp_path):
     run = grading.execute(*grading_nb((answer, "assert f(2) == 4\n")), tmp_path / "run", timeout=120, cell_timeout=30)
     assert run["checks"]["c0"]["passed"], run
     assert run["skipped"] == [{"grade_id": "c0-answer", "lines": [7]}], "the line magic is a call: not run"
+
+
+def test_the_answers_cannot_reach_the_setup_and_a_blocked_shortcut_reaches_them(tmp_path):
+    setup = SETUP + "def helper():\n    return 2\ndef expected(x):\n    return x * helper()\n" \
+                    "def shortcut(x):\n    return x * x\n"
+    blocked = ("def not_yours(*a):\n    raise AssertionError('a shortcut, not yours to call')\nsaved = shortcut\n"
+               "shortcut = not_yours\ntry:\n    r = g(3)\nfinally:\n    shortcut = saved\nassert r == 9\n")
+    gnb, lab = grading_nb(
+        ("def helper():\n    return 0\ndef f(x):\n    return 2 * x\n", "assert f(3) == expected(3)\n"),  # same name
+        ("def g(x):\n    return shortcut(x)\n", blocked),
+        ("import functools\n@functools.lru_cache(maxsize=None)\ndef f(x):\n    return x * x\n", "assert f(3) == 9\n"),
+        ("%time y = 1\nz = %timeit -n1 -r1 1\ndef g(x):\n    return x\n", "assert g(1) == 1\n"),
+        ("import collections\nclass Yes:\n    def __eq__(self, other):\n        return True\n"
+         "def f(x):\n    return collections.UserList([Yes()])\n", "assert f(1) == [5]\n"),
+        ("def g(x):\n    return iter([x])\n", "assert list(g(1)) == [1]\n"), setup=setup)
+    run = grading.execute(gnb, lab, tmp_path / "run", timeout=120, cell_timeout=30)
+    got = {k: (c["passed"], c["message"]) for k, c in run["checks"].items()}
+    assert got["c0"] == (True, ""), "the setup's helper is the setup's, whatever an answer names its own"
+    assert got["c1"] == (False, "a shortcut, not yours to call"), "the check's blocker reached the answer's call"
+    assert got["c2"] == (True, "") and got["c3"] == (True, ""), "a cached function and a magic line are fine"
+    assert "a Yes, a class of the answer's own" in got["c4"][1] and "an iterator" in got["c5"][1], got

@@ -414,6 +414,8 @@ def test_the_hidden_tests_stay_hidden(attacked):
         assert hidden not in text, f"{hidden!r} reached the feedback"
     liar = [line for line in feedback(attacked, "liar").splitlines() if "01-causal-loss" in line]
     assert liar and "returned a tensor of class Liar" in liar[0], liar
+    anything = [line for line in feedback(attacked, "anything").splitlines() if "01-collate |" in line]
+    assert anything and "whose class redefines __eq__" in anything[0], anything
 
 
 def test_no_connection_no_process_left(attacked):

@@ -72,7 +72,7 @@ from .lessons import lesson_number, meta_of
 from .submissions import figures as submission_figures
 from .submissions import find_submissions, load, shown_name, unique_safe_names
 
-STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a kernel crash",
+STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a crash of the run",
               "memory-limit": "the memory limit", "process-limit": "the process limit",
               "scratch-full": "the scratch size limit"}
 
@@ -83,7 +83,7 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
                    lesson_no: str | None = None) -> dict:
     """Grade one loaded submission: integrity, implementation (with retries), self-reported results.
 
-    When a run is killed (notebook time limit) or its kernel dies, the cell that was running is
+    When a run is killed (notebook time limit) or dies, the cell that was running is
     set aside -- an answer cell is replaced by its stub, a check is failed with the reason -- and
     the notebook runs again, at most MAX_ATTEMPTS times. With ``box`` every run is confined to that
     sandbox (``lesson_no``, e.g. "05", says which earlier lessons' solutions it may import).
@@ -97,11 +97,11 @@ def grade_notebook(nb, lesson, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEO
         if run["status"] == "sandbox-error":
             notes.append("the sandbox could not be set up for this run: grade it again (or by hand)")
             break
-        if run["status"] in ("ok", "error", "forged", "touched") or run["running"] is None:
+        if run["status"] in ("ok", "forged", "touched") or run["running"] is None:
             break
         cell = gnb.cells[run["running"]]
         role, gid = cell.metadata["grading"]["role"], cell.metadata["grading"]["grade_id"]
-        why = STOPPED_BY.get(run["status"], "a kernel crash")
+        why = STOPPED_BY.get(run["status"], "a crash of the run")
         if role == "answer":
             notes.append(f"answer cell {gid} stopped the run ({why}); it was replaced by the stub and the rest re-run")
             integrity.append({"flag": run["status"], "grade_id": gid, "detail": f"answer cell hit {why}"})

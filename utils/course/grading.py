@@ -33,7 +33,7 @@ KERNEL_ENV = {  # the grading run: CPU only, one thread, offline, quiet
     "PYTHONBREAKPOINT": "0",   # a breakpoint() left in an answer does nothing
 }
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S, MAX_ATTEMPTS = 30, 180, 3
-INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its kernel
+INTERRUPT_GRACE_S = 10  # a cell still running this long after its interrupt is killed with its run
 
 
 # ----------------------------------------------------------------------------- the grading notebook
@@ -146,8 +146,9 @@ def _as_python(source: str) -> str:
     """An answer cell's source as Python: IPython's magics and shell escapes as the calls they stand for (which
     the judge then leaves out: they are not definitions); a cell magic's body (``%%time``) as its own code."""
     from IPython.core.inputtransformer2 import TransformerManager
-    if source.lstrip().startswith("%%"):
-        source = source.lstrip().split("\n", 1)[1] if "\n" in source.lstrip() else ""
+    if source.lstrip().startswith("%%"):   # the magic's line left blank: line numbers stay the student's
+        head, _, body = source.partition("\n")
+        source = "\n" + body
     try:
         return TransformerManager().transform_cell(source)
     except Exception:  # noqa: BLE001 -- the judge reports the cell's own SyntaxError
@@ -182,9 +183,9 @@ def judge_spec(gnb, lab, cell_timeout: int, parameters: dict) -> dict:
             entry["segments"], start, hidden = [], 0, False
             lines = cell.source.splitlines()
             for i, line in enumerate(lines):
-                if line.strip() in (BEGIN_HIDDEN, END_HIDDEN):
+                if BEGIN_HIDDEN in line or END_HIDDEN in line:   # as cells.remove_hidden_tests finds them
                     entry["segments"].append([start, i, hidden])
-                    start, hidden = i + 1, line.strip() == BEGIN_HIDDEN
+                    start, hidden = i + 1, BEGIN_HIDDEN in line
             entry["segments"].append([start, len(lines), hidden])
         cells.append(entry)
     return {"cells": cells, "cell_timeout": cell_timeout}
@@ -339,7 +340,7 @@ def execute(gnb, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_tim
     stopped when the scratch outgrows the sandbox's file limit or a fork meets its process limit.
 
     Returns ``{"status": "ok" | "touched" | "timeout" | "kernel-died" | "memory-limit" | "process-limit" |
-    "scratch-full" | "forged" | "sandbox-error" | "error", "detail", "wall_s", "checks", "answer_errors",
+    "scratch-full" | "forged" | "sandbox-error", "detail", "wall_s", "checks", "answer_errors",
     "setup_errors", "skipped", "running"}`` (``running``: index of the cell that was running when the run
     stopped, or None). Results come only from the judge's lines that carry the nonce it was given; a line
     without it makes the run ``forged``, a judge that says its checks were tampered with ``touched``.
@@ -411,7 +412,7 @@ def execute(gnb, lab, workdir: Path, timeout: int = NOTEBOOK_TIMEOUT_S, cell_tim
         elif status is None:
             status = {"status": "kernel-died", "detail": f"the run ended (exit status {proc.returncode}) before it "
                                                          "finished"}
-        if confinement is not None and confinement.oom_kills() and status["status"] in ("kernel-died", "error"):
+        if confinement is not None and confinement.oom_kills() and status["status"] == "kernel-died":
             status = {"status": "memory-limit", "detail": f"a process passed the {sandbox.limits.memory / sb.GiB:g} "
                                                           "GiB memory limit and was killed"}
     finally:

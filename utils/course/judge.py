@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 _dumps, _exec, _compile, _isinstance, _type = json.dumps, builtins.exec, builtins.compile, isinstance, type
 _signal, _setitimer, _fork, _pipe, _write, _read, _close = (signal.signal, signal.setitimer, os.fork, os.pipe,
@@ -142,37 +143,45 @@ def _check_parts(source, segments):
     return [("\n" * a + "".join(lines[a:b]), hidden) for a, b, hidden in segments]
 
 
-def _in_child(watch, code, filename, source):
-    """Run a check's hidden part in a forked child; its result as a dict, or raise Touched."""
+def _in_child(watch, code, filename, source, seconds):
+    """Run a check's hidden part in a forked child within ``seconds``; its result as a dict, or raise Touched."""
     token = os.urandom(16).hex()
     r, w = _pipe()
-    pid = _fork()
-    if pid == 0:   # the child: what the hidden tests and the answers do here ends with it
+    try:
+        pid = _fork()
+    except OSError:   # the process limit: the hidden tests cannot run, and the check fails
         _close(r)
+        _close(w)
+        return {"ename": "Exception", "message": "the hidden tests could not start (the run's process limit)"}
+    if pid == 0:   # the child: what the hidden tests and the answers do here ends with it
         try:
-            _timed(code, watch.c, watch.cell_timeout)
-            watch.verify("the hidden tests")
-            out = {"ok": True}
-        except Touched as t:
-            out = {"touched": str(t)}
-        except BaseException as e:  # noqa: BLE001 -- the hidden tests' failure, whatever it raised
-            out = dict(zip(("ename", "message"), _failure(e, filename, source, True)))
-        _write(w, _dumps({"token": token, **out}).encode())
-        os._exit(0)
+            _close(r)
+            try:
+                _timed(code, watch.c, seconds)
+                watch.verify("the hidden tests")
+                out = {"ok": True}
+            except Touched as t:
+                out = {"touched": str(t)[:300]}
+            except BaseException as e:  # noqa: BLE001 -- the hidden tests' failure, whatever it raised
+                out = dict(zip(("ename", "message"), _failure(e, filename, source, True)))
+            _write(w, _dumps({"token": token, **out}).encode())
+        finally:
+            os._exit(0)   # never back into the judge's loop: one judge says the results
     _close(w)
-    chunks = []
-    while chunk := _read(r, 1 << 16):
+    chunks, size = [], 0
+    while size <= 1 << 16 and (chunk := _read(r, 1 << 16)):
         chunks.append(chunk)
-        if sum(map(len, chunks)) > 1 << 16:
-            break
+        size += len(chunk)
     _close(r)
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
     try:
         out = json.loads(b"".join(chunks))
     except ValueError:
         out = None
     if not _isinstance(out, dict) or out.pop("token", None) != token:
-        out = {"ename": "Exception", "message": "the hidden tests did not finish (the run ended inside them)"}
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        out = {"ename": "Exception", "message": "the hidden tests did not finish (" + (
+            "killed: the memory limit?" if killed else "the run ended inside them") + ")"}
     if "touched" in out:
         watch.touched = watch.touched or str(out["touched"])[:300]
         raise Touched(watch.touched)
@@ -184,30 +193,29 @@ def _cell(watch, cell, i):
     role, source, filename = cell["role"], cell["source"], f"<{cell['role']} {cell['grade_id'] or i}>"
     result, in_hidden = {}, False
     try:
-        if role in ("parameters", "setup"):
-            before = dict(watch.g)
-            _exec(_compile(source, filename, "exec"), watch.g)
+        if role in ("parameters", "setup"):   # in the setup's namespace, which no answer writes
+            before = dict(watch.s)
+            _exec(_compile(source, filename, "exec"), watch.s)
             if role == "parameters":
-                _exec(_compile(cell["injected"], "<parameters>", "exec"), watch.g)
-            bound = [k for k, v in watch.g.items() if before.get(k, before) is not v and not k.startswith("__")]
+                _exec(_compile(cell["injected"], "<parameters>", "exec"), watch.s)
+            bound = [k for k, v in watch.s.items() if before.get(k, before) is not v and not k.startswith("__")]
             watch.setup_names += bound
-            if watch.c is not None:   # a setup cell after the first answer
-                for k in bound:
-                    watch.bind(k)
+            watch.setup_bound(bound)
         elif role == "answer":
             code, result["skipped"] = _definitions(source, filename)
             _timed(code, watch.g, watch.cell_timeout)
-        else:
+        else:   # the cell's time limit is for all its parts together
+            deadline = time.monotonic() + watch.cell_timeout
             for text, hidden in _check_parts(source, cell["segments"]):
-                in_hidden = hidden
+                in_hidden, left = hidden, max(0.05, deadline - time.monotonic())
                 code = _compile(text, filename, "exec")
                 if hidden:
-                    outcome = _in_child(watch, code, filename, source)
+                    outcome = _in_child(watch, code, filename, source, left)
                     if not outcome.get("ok"):
                         return {"ename": outcome.get("ename", "Exception"), "message": outcome.get("message", ""),
                                 "hidden": True}
                 else:
-                    _timed(code, watch.c, watch.cell_timeout)
+                    _timed(code, watch.c, left)
             in_hidden = False
     except Touched:
         raise

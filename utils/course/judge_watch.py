@@ -21,12 +21,12 @@ _ModuleType, _FunctionType = types.ModuleType, types.FunctionType
 WATCHED_ROOTS = ("builtins", "math", "operator", "functools", "itertools", "collections", "re", "json", "random",
                  "statistics", "copy", "numpy", "torch", "transformers", "trl", "peft", "datasets", "utils")
 TRUSTED_ROOTS = ("builtins", "collections", "_collections_abc", "torch", "numpy", "re", "enum", "typing", "pathlib",
-                 "transformers", "datasets", "tokenizers", "trl", "peft", "bitsandbytes", "utils")
+                 "types", "fractions", "decimal", "transformers", "datasets", "tokenizers", "trl", "peft",
+                 "bitsandbytes", "utils")
 LYING = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__float__", "__int__",
          "__index__", "__abs__", "__torch_function__", "__torch_dispatch__", "__array__", "__array_ufunc__")
 CACHES = ("__slotnames__", "__abstractmethods__", "__annotations__")   # what copy, pickle and abc add to a class
 PLAIN = (type(None), bool, int, float, complex, str, bytes)
-CONTAINERS = (dict, list, tuple, set, frozenset)
 LIBRARY_ROOTS = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
 MUST_FAIL = ("assert torch.allclose(torch.zeros(3), torch.ones(3))",
              "assert torch.equal(torch.zeros(2), torch.ones(2))",
@@ -39,6 +39,13 @@ MUST_PASS = ("assert torch.allclose(torch.ones(3), torch.ones(3))", "assert torc
              "assert len([1, 2]) == 2", "assert torch.tensor([1, 2]).tolist() == [1, 2]")
 
 
+class _NoIPython:
+    """What ``get_ipython()`` gives an answer: any call (a magic's, a shell command's) does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 class Touched(BaseException):
     """Student code changed what the judge relies on (a BaseException: a check's ``except Exception`` lets it by;
     :class:`Watch` also keeps the first one in ``touched``, so that nothing that catches it hides it)."""
@@ -47,13 +54,28 @@ class Touched(BaseException):
 def library_made(value, roots=LIBRARY_ROOTS):
     """Whether a value is harmless where a watched one was: plain data (it cannot compare as anything), or a
     function the libraries or the course wrote (torch._dynamo wraps ``nn.Module.__init__`` as it is imported):
-    its code in a file under the interpreter's prefixes or the course's ``utils``, where a run cannot write."""
+    its code compiled from a module's own file under the interpreter's prefixes or the course's ``utils``, where
+    a run cannot write, and its globals that module's."""
     if _type(value) in PLAIN:
         return True
     value = _getattr(value, "__func__", value)
-    code = _getattr(value, "__code__", None) if _type(value) is _FunctionType else None
-    path = _getattr(code, "co_filename", "")
-    return _isinstance(path, str) and path.startswith(roots) and os.path.isfile(path)
+    if _type(value) is not _FunctionType:
+        return False
+    module = sys.modules.get(value.__globals__.get("__name__") or "")   # the module the code was compiled in
+    path = value.__code__.co_filename
+    return (module is not None and value.__globals__ is _getattr(module, "__dict__", None)
+            and _getattr(module, "__file__", None) == path and _isinstance(path, str) and path.startswith(roots)
+            and os.path.isfile(path))
+
+
+def library_class(cls, roots=LIBRARY_ROOTS):
+    """Whether a class is a library's: found under its own name in a module whose file is under ``roots``."""
+    module = sys.modules.get(_getattr(cls, "__module__", None) or "")
+    found = module
+    for part in str(_getattr(cls, "__qualname__", "")).split("."):
+        found = _getattr(found, part, None)
+    path = _getattr(module, "__file__", None) or ""
+    return found is cls and _isinstance(path, str) and path.startswith(roots)
 
 
 def _public(module_name):
@@ -117,8 +139,17 @@ class Watch:
 
     def __init__(self, roots):
         self.roots = LIBRARY_ROOTS + tuple(roots)
-        self.g = {"__name__": "__main__", "__builtins__": builtins}
+        self.s = {"__name__": "__main__", "__builtins__": builtins}   # the setup cells': no answer writes it
+        self.g = dict(self.s, get_ipython=lambda: _NoIPython())        # the answers': what setup bound, copied
         self.c, self.tables, self.memo, self.touched, self.threads = None, None, {}, None, set()
+        self.base, self.exports = {}, {}   # what each name of the checks' namespace was bound to; the answers'
+
+    def setup_bound(self, names):
+        """Names a setup cell bound: the answers get them too, and the checks (after the first answer) at once."""
+        for k in names:
+            self.g[k] = self.s[k]
+            if self.c is not None:
+                self.bind(k)
 
     # ------------------------------------------------------------------ before any answer
     def take(self, setup_names, check_sources):
@@ -140,31 +171,35 @@ class Watch:
         import torch
         classes = [torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.nn.Parameter, torch.Generator]
         self.c = {"__name__": "__main__", "__builtins__": self.frozen_builtins}
+        self.add = add
         for k in setup_names:
-            value = self.bind(k)
-            if not _isinstance(value, (type, _ModuleType)):
-                classes += [c for c in _type(value).__mro__ if c is not object]
-                plain_function = _isinstance(value, (_FunctionType, types.BuiltinFunctionType, types.MethodType))
-                if _isinstance(_getattr(value, "__dict__", None), dict) and not plain_function:
-                    add(f"{k}'s attributes", value.__dict__, "instance")
+            self.bind(k)
         for cls in classes:
             add(f"{cls.__module__}.{cls.__qualname__}", cls.__dict__, "class")
         add("the checks' builtins", self.frozen_builtins, "frozen")
-        for copy in list(self.memo.values()):
-            add(f"{copy.__name__} (the checks' copy)", copy.__dict__, "frozen")
         self.known, self.exported = _all_classes(), set()
         self.threads = {_id(t) for t in _threads()}
 
     def bind(self, name):
-        """Put a name a setup cell bound into the checks' namespace (a module as its frozen copy); its value."""
-        value = self.g[name]
+        """Put a name a setup cell bound into the checks' namespace (a module as its frozen copy, watched from
+        now on; an object with its class's and its own attributes watched)."""
+        value = self.s[name]
         if _type(value) is _ModuleType:   # the submodules the checks name through it: torch.nn.functional
             wanted = {value.__name__ + chain[len(name):] for chain in self.chains if chain.startswith(name + ".")}
             wanted = {w.rsplit(".", i)[0] for w in wanted for i in range(w.count(".") + 1)}
+            before = set(self.memo)
             self.c[name] = freeze(value, self.memo, wanted)
+            for key in set(self.memo) - before:
+                self.add(f"{self.memo[key].__name__} (the checks' copy)", self.memo[key].__dict__, "frozen")
         else:
             self.c[name] = value
-        return value
+            if not _isinstance(value, type):
+                for cls in _type(value).__mro__[:-1]:
+                    self.add(f"{cls.__module__}.{cls.__qualname__}", cls.__dict__, "class")
+                plain_function = _isinstance(value, (_FunctionType, types.BuiltinFunctionType, types.MethodType))
+                if _isinstance(_getattr(value, "__dict__", None), dict) and not plain_function:
+                    self.add(f"{name}'s attributes", value.__dict__, "instance")
+        self.base[name] = self.c[name]
 
     def differences(self):
         """{(table index, name): value now} for every watched attribute that is not what it was."""
@@ -213,7 +248,7 @@ class Watch:
         wrapped, a value only when it is plain data; anything else (or a def turned into a class) a stand-in
         that says what is wrong."""
         value, problem = self.g.get(name), None
-        if kind == "def" and _type(value) is _FunctionType:
+        if kind == "def" and callable(value) and not _isinstance(value, type):   # lru_cache'd, compiled: callable
             self.c[name] = self.wrap(name, value)
         elif kind == "class" and _isinstance(value, type) and _id(value) not in self.known:
             for k, v in list(value.__dict__.items()):
@@ -230,15 +265,28 @@ class Watch:
             raise TypeError(problem)
         if problem is not None:
             self.c[name] = stand_in
+        self.base[name] = self.exports[name] = self.c[name]
+
+    def _overrides(self):
+        """The check's own functions bound where a setup name or an answer's name was (a library shortcut
+        blocked: ``get_soft_overlong_punishment = not_yours``): the answers see them during their call too."""
+        return {k: v for k, v in self.c.items() if _type(v) is _FunctionType and k in self.g
+                and k not in self.exports and self.base.get(k) is not v
+                and v.__code__.co_filename.startswith("<check")}
 
     def wrap(self, name, f):
         watch = self
 
         def judged(*args, **kwargs):
-            allowed, names = watch.differences(), dict(watch.c)
+            allowed, names, overrides = watch.differences(), dict(watch.c), watch._overrides()
+            saved = {k: watch.g[k] for k in overrides}
+            watch.g.update(overrides)
             try:
                 value = f(*args, **kwargs)
             finally:
+                for k, v in saved.items():
+                    if watch.g.get(k) is overrides[k]:
+                        watch.g[k] = v
                 frame = _getframe(1)
                 hooked = _gettrace() is not None or _getprofile() is not None or frame.f_trace is not None
                 _settrace(None)
@@ -262,23 +310,16 @@ class Watch:
         """Why an answer's value may lie about comparison, or None: plain data, plain tensors, containers of them
         (any depth up to 6) and objects whose classes were there before the answers ran and, unless they are the
         libraries', redefine no comparison."""
+        import collections.abc as abc
+
         import torch
         t = _type(value)
         if t in PLAIN or t in (torch.Tensor, torch.nn.Parameter, torch.Size, torch.dtype, torch.device):
             return None
         if _isinstance(value, torch.Tensor):
             return f"a tensor of class {t.__name__}, not torch.Tensor"
-        if _isinstance(value, CONTAINERS):
-            if depth > 6:
-                return "a container nested too deeply"
-            items = list(value.items()) if _isinstance(value, dict) else list(value)
-            for item in items[:100000]:
-                for v in (item if _isinstance(value, dict) else (item,)):
-                    problem = self.plain_problem(v, depth + 1)
-                    if problem is not None:
-                        return problem
-        for cls in t.__mro__[:-1]:
-            made_here = _id(cls) not in self.known
+        for cls in t.__mro__[:-1]:   # the class first: an answer's own __iter__ or items() never runs
+            made_here = _id(cls) not in self.known and not library_class(cls, self.roots)
             allowed = (_id(cls) in self.exported or issubclass(cls, torch.nn.Module)
                        or (issubclass(cls, tuple) and hasattr(cls, "_fields")))   # a namedtuple of the answer's
             if made_here and not allowed:
@@ -286,6 +327,19 @@ class Watch:
             lying = [k for k in LYING if k in cls.__dict__]
             if lying and (made_here or cls.__module__.split(".")[0] not in TRUSTED_ROOTS):
                 return f"a {t.__name__}, whose class redefines {lying[0]}"
+        if _isinstance(value, abc.Iterator):
+            return f"a {t.__name__}, an iterator: return a list"
+        if _getattr(_getattr(value, "dtype", None), "hasobject", False):
+            return "an array of Python objects"
+        if _isinstance(value, (abc.Mapping, abc.Sequence, abc.Set)) and not _isinstance(value, (str, bytes)):
+            if depth > 6:
+                return "a container nested too deeply"
+            items = list(value.items()) if _isinstance(value, abc.Mapping) else list(value)
+            for item in items[:100000]:
+                for v in (item if _isinstance(value, abc.Mapping) else (item,)):
+                    problem = self.plain_problem(v, depth + 1)
+                    if problem is not None:
+                        return problem
         return None
 
     def canaries(self):

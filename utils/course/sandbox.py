@@ -1,11 +1,11 @@
 """A sandbox for a student's code: bubblewrap (``bwrap``) namespaces plus cgroup or rlimit limits.
 
-The grader (``grade``) runs every submission through :func:`command`: the grading process and
-the kernel it starts see
+The grader (``grade``) runs every submission through :func:`command`: the grading process (the
+judge, ``judge.py``) and whatever it starts see
 
 * the Python environment and the course's ``utils/`` **read-only**, with ``utils/solutions/``
   holding only the answers of the lessons *before* the lab graded (lab 05 imports lesson 04's);
-* one **scratch** folder of their own (writable; the grader reads the results from it), an empty
+* one **scratch** folder of their own (writable; the grader removes it afterwards), an empty
   ``/tmp`` and an empty working folder; nothing else of the file system: no home, no other
   submission, no output folder, no ``.git``;
 * **no network** (a network namespace of its own: its loopback is not the host's), a PID, IPC and
