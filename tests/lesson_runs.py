@@ -119,6 +119,10 @@ class LessonRuns:
         self._starting = threading.Lock()               # no execution starts while stop() runs
         self.refused: str | None = None                 # why this process executes no lesson (an xdist worker)
 
+    def running(self) -> int:
+        """How many executions run in the background now."""
+        return sum(proc.poll() is None for proc in list(self._procs.values()))
+
     def run(self, lesson: str) -> dict:
         """The runner's result dict of lesson ``lesson`` ("04", or a rehearsal "04@24g": :func:`execute_job`),
         executing it when not done yet (or waiting for its background execution)."""
