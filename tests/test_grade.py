@@ -248,6 +248,15 @@ def test_a_name_is_shown_as_text_whatever_its_bytes():
     assert [s["safe"] for s in subs] == ["alice", "alice-2", "Alice-3"]
 
 
+def test_a_self_reported_run_is_one_short_line_per_cell_of_grades_csv():
+    records = {"01/preset": "tiny\r\n=1+1,\x1b[2K" + "x" * 500, "01/model": 3.5, "01/device": None, "07/hardware": "GPU"}
+    shown = submissions.shown_meta(records)
+    head = "tiny??=1+1,?[2K"
+    assert shown == {"preset": head + "x" * (submissions.MAX_META_CHARS - len(head)), "model": "3.5",
+                     "device": "", "hardware": "GPU"}
+    assert all(len(v) <= submissions.MAX_META_CHARS for v in shown.values())
+
+
 def test_any_file_name_gets_a_row_of_its_own_and_a_feedback_file_it_names(tmp_path):
     """Names an LMS export or a student can make (bytes that are not UTF-8, a carriage return, an ANSI escape, 255
     bytes of CJK, a file and a folder of one name, two names one safe name) each get a row, a feedback file of their

@@ -57,6 +57,11 @@ def test_tooling_markers_removed_and_nothing_else():
 def test_hidden_tests_removed():
     src = "assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(5) == 10\n### END HIDDEN TESTS\nprint('ok')"
     assert cells.remove_hidden_tests(src) == "assert f(1) == 2\nprint('ok')"
+    # the judge runs the same parts, by line: shown, hidden, shown (the marker lines in none)
+    assert cells.hidden_parts(src) == [[0, 1, False], [2, 3, True], [4, 5, False]]
+    assert cells.hidden_parts("x = 1") == [[0, 1, False]]
+    with pytest.raises(cells.LabError, match="has no"):
+        cells.hidden_parts("### BEGIN HIDDEN TESTS\nassert 0")
 
 
 def _lesson(*cells):

@@ -145,6 +145,16 @@ def stub_solutions(source: str, exercise: str, where: str = "cell") -> str:
     return "\n".join(out + lines[last:])
 
 
+def hidden_parts(source: str, where: str = "cell") -> list[list]:
+    """``[first line, end line, hidden]`` of each part of a check's ``source`` between the hidden-test markers (the
+    marker lines belong to no part), in order; LabError when unbalanced."""
+    lines, parts, start = source.split("\n"), [], 0
+    for begin, end in _regions(lines, BEGIN_HIDDEN, END_HIDDEN, where):
+        parts += [[start, begin, False], [begin + 1, end, True]]
+        start = end + 1
+    return parts + [[start, len(lines), False]]
+
+
 def remove_hidden_tests(source: str, where: str = "cell") -> str:
     """Drop every hidden-test region (markers included) from ``source``."""
     lines = source.split("\n")

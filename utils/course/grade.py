@@ -68,9 +68,9 @@ from .grading import (
     remove_scratch,
 )
 from .kernel import map_in_threads
-from .lessons import lesson_number, meta_of
+from .lessons import lesson_number
 from .submissions import figures as submission_figures
-from .submissions import find_submissions, load, shown_name, unique_safe_names
+from .submissions import find_submissions, load, shown_meta, shown_name, unique_safe_names
 
 STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a crash of the run",
               "memory-limit": "the memory limit", "process-limit": "the process limit",
@@ -214,8 +214,7 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
     row["auto_max"] = sum(c["max_points"] for c in checks.values())
     row["_written"] = result.get("written", {})
     row["flags"] = " ".join(_flags(sub, result) + ([] if box else ["unsandboxed"]))
-    for k, v in meta_of(result.get("records", {})).items():   # the student's text: one short line in the CSV
-        row[k] = "" if v is None else shown_name(str(v))[:100]
+    row.update(shown_meta(result.get("records", {})))   # the student's text: one short line each in the CSV
     manual = written.manual_row(asked, marks or {}, result.get("written"))
     row.update(manual)
     row["flags"] = " ".join([*row["flags"].split(), *(f for f in written.unanswered(asked, result.get("written"))

@@ -24,7 +24,7 @@ import nbformat
 from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, UTILS_DIR
 from . import sandbox as sb
 from . import speed
-from .cells import BEGIN_HIDDEN, END_HIDDEN, compute_checksum, grade_id, is_answer, is_check, strip_tooling_markers
+from .cells import compute_checksum, grade_id, hidden_parts, is_answer, is_check, strip_tooling_markers
 from .kernel import kill_tree
 
 KERNEL_ENV = {  # the grading run: CPU only, one thread, offline, quiet
@@ -180,13 +180,7 @@ def judge_spec(gnb, lab, cell_timeout: int, parameters: dict) -> dict:
         if role == "answer":
             entry["source"], entry["exports"] = _as_python(cell.source), _exports(stubs[gid])
         if role == "check":
-            entry["segments"], start, hidden = [], 0, False
-            lines = cell.source.splitlines()
-            for i, line in enumerate(lines):
-                if BEGIN_HIDDEN in line or END_HIDDEN in line:   # as cells.remove_hidden_tests finds them
-                    entry["segments"].append([start, i, hidden])
-                    start, hidden = i + 1, BEGIN_HIDDEN in line
-            entry["segments"].append([start, len(lines), hidden])
+            entry["segments"] = hidden_parts(cell.source, gid)
         cells.append(entry)
     return {"cells": cells, "cell_timeout": cell_timeout}
 

@@ -89,7 +89,7 @@ def _static_text(node):
     return ""
 
 
-def _hidden_message(source, line, ename, own):
+def _hidden_message(source, line, own):
     """What a failure at ``line`` of a check's hidden tests may say: its type, and the assert's constant text."""
     import ast
     if own:
@@ -119,7 +119,7 @@ def _failure(error, filename, source, in_hidden):
         tb = tb.tb_next
     if in_hidden:
         ename = _builtin_name(error)
-        return ename, _hidden_message(source, line or 0, ename, own)
+        return ename, _hidden_message(source, line or 0, own)
     return _type(error).__name__[:100], (str(error).strip().splitlines() or [""])[0][:300]
 
 
@@ -139,8 +139,8 @@ def _timed(code, namespace, seconds):
 
 def _check_parts(source, segments):
     """Each (code text, hidden) part of a check: its lines in place, the others blank (tracebacks keep their lines)."""
-    lines = source.splitlines(True)
-    return [("\n" * a + "".join(lines[a:b]), hidden) for a, b, hidden in segments]
+    lines = source.split("\n")   # as cells.hidden_parts counts them
+    return [("\n" * a + "\n".join(lines[a:b]), hidden) for a, b, hidden in segments]
 
 
 def _in_child(watch, code, filename, source, seconds):

@@ -14,6 +14,8 @@ from pathlib import Path
 import nbformat
 
 from .grading import parse_untrusted_json
+from .lessons import meta_of
+from .written import IMAGE_TYPES
 
 MAX_SUBMISSION_BYTES = 100 * 1024 * 1024   # a lab with every output is a few MB; bigger is not a lab
 MAX_NAME_CHARS = 120                       # a student's name as the grader shows it
@@ -21,7 +23,14 @@ MAX_SAFE_BYTES = 100                       # a feedback file's name, in bytes (f
 MAX_CELLS = 5000                           # a lab has about 100 cells; a million would cost the grader gigabytes
 MAX_FIGURES, MAX_FIGURE_BYTES, MAX_FIGURES_BYTES = 40, 4 << 20, 32 << 20   # figures copied into a feedback folder
 MAX_FIGURE_PIXELS = 25_000_000             # width x height a PNG's header may declare (a lesson's figures: < 1 M)
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PNG_MAGIC = IMAGE_TYPES["image/png"][0]
+MAX_META_CHARS = 100                       # a self-reported preset, model, device or hardware in grades.csv
+
+
+def shown_meta(records: dict) -> dict:
+    """What a run says it was (preset, model, device, hardware: ``lessons.meta_of``), each one line of at most
+    :data:`MAX_META_CHARS` characters as :func:`shown_name` writes it; "" when not recorded."""
+    return {k: "" if v is None else shown_name(str(v))[:MAX_META_CHARS] for k, v in meta_of(records).items()}
 
 
 def shown_name(name: str) -> str:
