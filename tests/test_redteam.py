@@ -330,7 +330,7 @@ def attacked(tmp_path_factory):
         course = {name: digest(path) for name, path in (("utils", UTILS_DIR), ("notebooks", NOTEBOOKS_DIR),
                                                          ("labs", LABS_DIR))}
         before = digest(subs)
-        scratch_before = set(Path(tempfile.gettempdir()).glob("grade-*"))
+        scratch_before = set(Path(tempfile.gettempdir()).glob(f"grade-{os.getpid()}-*"))
         for k, v in {**SECRETS, "HOME": str(home)}.items():
             env.setenv(k, v)
         rows = grade.grade_folder(subs, "01", out, jobs=2, timeout=90, cell_timeout=grading.CELL_TIMEOUT_S,
@@ -422,7 +422,8 @@ def test_no_connection_no_process_left(attacked):
     assert attacked["connections"] == [], "a submission reached the instructor's loopback listener"
     assert "ConnectionRefusedError" in feedback(attacked, "network")  # the sandbox's own loopback: nobody listens
     assert orphans() == [], "a submission's process outlived the grading"
-    left = set(Path(tempfile.gettempdir()).glob("grade-*")) - attacked["scratch_before"]
+    # this process's scratch folders only (another test process may be grading beside this one)
+    left = set(Path(tempfile.gettempdir()).glob(f"grade-{os.getpid()}-*")) - attacked["scratch_before"]
     assert not left, f"scratch folders left behind: {left}"
     cgroups = [d for _, parent in attacked["box"].cgroups.values() for d in parent.glob(f"grade-{os.getpid()}-*")]
     assert cgroups == [], f"cgroups left behind: {cgroups}"

@@ -288,7 +288,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     progress(f"sandbox: bubblewrap; {box.describe()}" if box else
              "UNSANDBOXED (--no-sandbox): the students' code runs with your rights; every row is flagged")
 
-    tmp = Path(tempfile.mkdtemp(prefix="grade-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"grade-{os.getpid()}-"))   # whose it is, as its cgroups
 
     def work(sub):
         t = time.perf_counter()
