@@ -72,3 +72,19 @@ def test_methods_are_within_noise_as_the_lesson_says(records):
 
 def test_headline_is_declared_and_read_from_the_run(lesson_runs):
     assert len(lesson_runs.headline("05")) >= 2
+
+
+def test_the_upper_clip_binds_on_the_unlikely_tokens(records):
+    # "Where the upper clip binds": DAPO's Figure 3a on this model. After the off-policy steps with the symmetric
+    # clip, the tokens above 1 + eps are far less likely under the sampling policy than the typical token with
+    # A > 0, per problem beyond two standard errors: -0.733 +- 0.039, -0.679 +- 0.053, -0.606 +- 0.041 on seeds 0-2.
+    # (Clip-higher's extra log-probability for the A > 0 tokens under 0.2: +0.090 +- 0.030, +0.103 +- 0.035,
+    # +0.018 +- 0.021; its entropy change within noise on all three: the lesson prints each verdict, claims neither.)
+    assert records["05/clip_probe_problems"] == 16 and records["05/upclip_tokens"] > 0
+    assert records["05/upclip_p_old"] < 0.6 < 0.9 < records["05/positive_p_old"]
+    assert records["05/upclip_gap"] < -2 * records["05/upclip_gap_se"] < 0
+    assert records["05/upclip_gap_problems"] >= 8
+    # the other two lines print their own verdict; what the markdown says of them holds whichever it is:
+    # the entropy stays about a tenth of a nat per token (no collapse in a few steps on one batch)
+    for key in ("probe_entropy_before", "probe_entropy_symmetric", "probe_entropy_clip_higher"):
+        assert 0.03 < records[f"05/{key}"] < 0.3

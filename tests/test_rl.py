@@ -476,3 +476,54 @@ def test_decode_rollout_in_a_training_batch(rig):
             rl.decode_rollout([x["prompt"] for x in inputs], trainer)
     finally:
         trainer.top_k = 0
+
+
+# ----------------------------------------------------------------------------- lesson 05: where the clip binds
+def _probe_batch():
+    from peft import LoraConfig
+
+    model, tok = tiny.load()
+    prompts = [tok.apply_chat_template(data.to_prompt_messages(p), tokenize=False, add_generation_prompt=True)
+               for p in data.make_problems(2, split="train", seed=0)]
+    completions = [["x = 3 + 4 = 7", "7"], ["no idea at all", "answer: 12 and more words here"]]
+    batch = rl.completion_batch(tok, prompts, completions, stop_id=tok.eos_token_id)
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return model, tok, batch, lora
+
+
+def test_completion_batch_is_trls_layout():
+    model, tok, batch, _ = _probe_batch()
+    assert batch["prompt_ids"].shape[0] == batch["completion_ids"].shape[0] == 4
+    # prompts left-padded (their last column is real), each group's rows adjacent
+    assert batch["prompt_mask"][:, -1].all() and torch.equal(batch["prompt_ids"][0], batch["prompt_ids"][1])
+    assert not torch.equal(batch["prompt_ids"][1], batch["prompt_ids"][2])
+    # completions right-padded; the mask covers the text and the end token, nothing after
+    for row, text in enumerate(["x = 3 + 4 = 7", "7", "no idea at all", "answer: 12 and more words here"]):
+        n = int(batch["completion_mask"][row].sum())
+        ids = batch["completion_ids"][row, :n].tolist()
+        assert ids[-1] == tok.eos_token_id and tok.decode(ids[:-1]) == text
+        assert batch["completion_mask"][row, :n].all() and not batch["completion_mask"][row, n:].any()
+    entropy, logps = rl.token_entropy_logps(model, batch, micro_batch=3)
+    with torch.no_grad():
+        want = rl.per_token_logps(model, batch)
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(logps[mask], want[mask], atol=1e-5) and (entropy[mask] >= 0).all()
+
+
+def test_off_policy_steps_accumulate_micro_batches_and_leave_the_model_alone():
+    model, _, batch, lora = _probe_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _, old = rl.token_entropy_logps(model, batch, micro_batch=4)
+    advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    kw = dict(surrogate_fn=l04.clipped_surrogate, steps=3, learning_rate=0.05, eps_low=0.2, lora_config=lora, seed=0)
+    whole = rl.off_policy_steps(model, batch, old, advantages, eps_high=0.2, micro_batch=4, **kw)
+    parts = rl.off_policy_steps(model, batch, old, advantages, eps_high=0.2, micro_batch=1, **kw)
+    unclipped = rl.off_policy_steps(model, batch, old, advantages, eps_high=10.0, micro_batch=4, **kw)
+    mask = batch["completion_mask"].bool()
+    # one optimizer step over the whole batch, however it is cut into micro-batches
+    assert torch.allclose(whole["logps"][mask], parts["logps"][mask], atol=1e-5)
+    assert whole["up_clipped"][0] == 0.0, "the first step is on-policy: every ratio is 1"
+    assert max(whole["up_clipped"]) > 0, "a large learning rate moves ratios past 1 + eps"
+    assert max(unclipped["up_clipped"]) < max(whole["up_clipped"]), "fewer ratios pass a higher bound"
+    assert not torch.allclose(whole["logps"][mask], unclipped["logps"][mask]), "the upper clip changed the steps"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the model is not trained"

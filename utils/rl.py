@@ -223,3 +223,98 @@ def decode_rollout(prompts: list, trainer) -> dict:
         end = next((i for i, t in enumerate(row) if t in stops), len(row) - 1)
         completion_ids.append(row[:end + 1])
     return {"prompt_ids": [list(p) for p in prompt_ids], "completion_ids": completion_ids, "logprobs": None}
+
+
+# ----------------------------------------------------------------------------- lesson 05: where the clip binds
+def completion_batch(tokenizer, prompts: list[str], completions: list[list[str]], stop_id: int) -> dict:
+    """TRL's generation-batch layout for completions already sampled as text (lesson 05's clip probe).
+
+    Args:
+        prompts: P prompt strings (chat template applied); completions: P lists of G completion strings each.
+        stop_id: the end token appended to every completion (its probability is trained too, as TRL's).
+    Returns:
+        dict of int64 tensors: ``prompt_ids``/``prompt_mask`` (P * G, S) left-padded, prompt p's rows adjacent;
+        ``completion_ids``/``completion_mask`` (P * G, T) right-padded, the mask 1 up to and including the end token.
+    """
+    rows = [(p, c) for p, group in zip(prompts, completions) for c in group]
+    prompt = tokenizer([p for p, _ in rows], add_special_tokens=False)["input_ids"]
+    done = [ids + [stop_id] for ids in tokenizer([c for _, c in rows], add_special_tokens=False)["input_ids"]]
+    S, T = max(map(len, prompt)), max(map(len, done))
+    pad = tokenizer.pad_token_id
+
+    def tensor(seqs, width, left):
+        ids = [[pad] * (width - len(s)) + s if left else s + [pad] * (width - len(s)) for s in seqs]
+        mask = [[0] * (width - len(s)) + [1] * len(s) if left else [1] * len(s) + [0] * (width - len(s)) for s in seqs]
+        return torch.tensor(ids), torch.tensor(mask)
+
+    (pi, pm), (ci, cm) = tensor(prompt, S, True), tensor(done, T, False)
+    return {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm}
+
+
+def token_entropy_logps(model, batch: dict, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(entropy, logps), each (B, T) float32, of ``model``'s next-token distribution at each completion position
+    (temperature 1), computed ``micro_batch`` rows at a time without gradients; padding positions meaningless."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, batch["completion_ids"].size(0), micro_batch):
+            part = {k: v[i:i + micro_batch].to(model.device) for k, v in batch.items()}
+            ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
+            att = torch.cat([part["prompt_mask"], part["completion_mask"]], dim=1)
+            T = part["completion_ids"].size(1)
+            lp = torch.log_softmax(model(input_ids=ids, attention_mask=att, use_cache=False).logits[:, -T - 1:-1]
+                                   .float(), dim=-1)
+            out.append((-(lp.exp() * lp).sum(-1).cpu(), lp.gather(-1, part["completion_ids"].unsqueeze(-1))
+                        .squeeze(-1).cpu()))
+    return torch.cat([e for e, _ in out]), torch.cat([lp for _, lp in out])
+
+
+def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: torch.Tensor, *, surrogate_fn,
+                     steps: int, learning_rate: float, eps_low: float, eps_high: float, lora_config,
+                     micro_batch: int, seed: int = 0, max_grad_norm: float = 1.0,
+                     gradient_checkpointing: bool = False) -> dict:
+    """``steps`` optimizer steps of the clipped loss on one fixed batch, from a copy of ``model`` with a fresh LoRA
+    adapter (AdamW): every step after the first is off-policy, as TRL's ``steps_per_generation`` and
+    ``num_iterations`` make them, so the clip binds (lesson 05, "where the clip binds").
+
+    The loss is DAPO's token mean (``loss_type="dapo"``) of ``surrogate_fn(logps, old_logps, advantages, eps_low,
+    eps_high)`` over the whole batch, its micro-batches' gradients accumulated. ``model`` is not changed.
+    Args:
+        batch: :func:`completion_batch`'s dict, B rows; old_logps: (B, T) float32 under the sampling policy;
+            advantages: (B,) float32.
+    Returns:
+        dict: ``"entropy"`` and ``"logps"`` (B, T) float32 of the trained copy (:func:`token_entropy_logps`), and
+        ``"up_clipped"``, per step, the share of completion tokens with ``A > 0`` and ``rho > 1 + eps_high``
+        before that step's update.
+    """
+    import copy
+
+    from peft import get_peft_model
+
+    torch.manual_seed(seed)   # the adapter's initialisation: the same for every clip compared
+    policy = get_peft_model(copy.deepcopy(model), lora_config)
+    if gradient_checkpointing:
+        policy.enable_input_require_grads()
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy.train()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=learning_rate)
+    mask = batch["completion_mask"].float()
+    n_tokens, up_clipped = mask.sum(), []
+    for _ in range(steps):
+        up = 0.0
+        for i in range(0, mask.size(0), micro_batch):
+            part = {k: v[i:i + micro_batch].to(policy.device) for k, v in batch.items()}
+            old, adv, m = (x[i:i + micro_batch].to(policy.device) for x in (old_logps, advantages, mask))
+            logps = per_token_logps(policy, part)
+            loss = (surrogate_fn(logps, old, adv, eps_low, eps_high) * m).sum() / n_tokens
+            loss.backward()
+            with torch.no_grad():
+                up += (((logps - old).exp() > 1 + eps_high) & (adv[:, None] > 0) & (m > 0)).sum().item()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        up_clipped.append(up / n_tokens.item())
+    policy.eval()
+    entropy, logps = token_entropy_logps(policy, batch, micro_batch)
+    del policy, optimizer
+    return {"entropy": entropy, "logps": logps, "up_clipped": up_clipped}

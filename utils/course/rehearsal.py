@@ -98,7 +98,8 @@ SHRINK = {
                hack_steps=1, hack_prompts=1, hand_steps=8, hand_prompts=1, sampled_eval_prompts=4, sweep_prompts=4,
                sweep_generations=[2, 4], sweep_temperatures=[0.7, 1.0]),
     "05": dict(n_train=64, num_generations=4, prompts_per_step=2, batch_size=4, steps_per_generation=2,
-               max_completion_length=64, soft_punish_cache=4, temperature=0.7),   # the stand-in rambles at 1.0
+               max_completion_length=64, soft_punish_cache=4, temperature=0.7,   # the stand-in rambles at 1.0
+               clip_probe_prompts=2, clip_probe_steps=2),
     "06": dict(ppl_problems=8, outlier_prompts=4, qlora_steps=2),
     "07": dict(n_prompts=16, n_heldout=8, n_samples=4, rl_pool=32, rl_iterations=2, rl_prompts=4, rl_samples=2,
                rl_minibatches=1, rl_micro_batch=2, overopt_iterations=6, overopt_prompts=4),   # six windows

@@ -17,12 +17,14 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),
-    "max_steps":              (12,    28,     28,     28),     # optimizer steps (tiny: 6 generation batches)
+    "max_steps":              (12,    26,     26,     26),     # optimizer steps (tiny: 6 generation batches)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.0,   0.0,    0.0,    0.0),     # TRL's default, DAPO's and Dr. GRPO's: no reference
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # each method sets its own in the lesson
     "epsilon":                (0.2,   0.2,    0.2,    0.2),
     "epsilon_high":           (0.28,  0.28,   0.28,   0.28),    # DAPO's clip-higher (the DAPO run only)
+    "clip_probe_prompts":     (16,    4,      4,      4),       # "where the clip binds": groups with signal ...
+    "clip_probe_steps":       (8,     4,      4,      4),       # ... trained on for this many off-policy steps
     "soft_punish_cache":      (16,    64,     64,     64),      # DAPO's L_cache: the overlong ramp before the limit
     "use_lora":               (True,  True,   True,   True),
     "lora_r":                 (16,    16,     16,     16),

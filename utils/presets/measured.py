@@ -25,7 +25,8 @@ UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts")
 COUNT_KEYS = ("max_steps", "sft_steps", "hack_steps", "n_train", "n_test", "n_prompts", "n_heldout", "seeds",
               "rl_pool", "rl_iterations", "overopt_iterations", "ttc_problems", "prm_problems", "beam_max_steps",
               "refine_rounds", "sampled_eval_prompts", "sweep_prompts", "qlora_steps", "throughput_steps",
-              "ppl_problems", "turn_prompts", "eval_steps", "save_steps", "logging_steps")
+              "ppl_problems", "turn_prompts", "eval_steps", "save_steps", "logging_steps", "clip_probe_prompts",
+              "clip_probe_steps")
 
 # Keys added after the twins were measured, with the value that runs exactly what was measured: a preset
 # holding that value keeps its measurement (any other value changes the run, so the digest changes).
