@@ -75,16 +75,15 @@ def test_headline_is_declared_and_read_from_the_run(lesson_runs):
 
 
 def test_the_upper_clip_binds_on_the_unlikely_tokens(records):
-    # "Where the upper clip binds": DAPO's Figure 3a on this model. After the off-policy steps with the symmetric
-    # clip, the tokens above 1 + eps are far less likely under the sampling policy than the typical token with
-    # A > 0, per problem beyond two standard errors: -0.733 +- 0.039, -0.679 +- 0.053, -0.606 +- 0.041 on seeds 0-2.
-    # (Clip-higher's extra log-probability for the A > 0 tokens under 0.2: +0.090 +- 0.030, +0.103 +- 0.035,
-    # +0.018 +- 0.021; its entropy change within noise on all three: the lesson prints each verdict, claims neither.)
+    # "Where the upper clip binds": only the A > 0 tokens under 1 / (1 + eps) can pass 1 + eps (6.3 %, 5.6 %, 6.3 %
+    # of them on seeds 0-2), and over the off-policy steps the symmetric clip stopped 0.77 +- 0.09, 0.60 +- 0.07,
+    # 0.77 +- 0.06 of those, as TRL counts them (A > 0, rho > 1 + eps in some step). Whether it picked the least
+    # likely among them (-0.349 +- 0.152, -0.335 +- 0.093, +0.062 +- 0.092), clip-higher's gain for the tokens under
+    # 0.2 (+0.090 +- 0.030, +0.103 +- 0.035, +0.018 +- 0.021) and its entropy change (within noise on all three) are
+    # printed with their verdicts; the lesson claims none of them.
     assert records["05/clip_probe_problems"] == 16 and records["05/upclip_tokens"] > 0
-    assert records["05/upclip_p_old"] < 0.6 < 0.9 < records["05/positive_p_old"]
-    assert records["05/upclip_gap"] < -2 * records["05/upclip_gap_se"] < 0
-    assert records["05/upclip_gap_problems"] >= 8
-    # the other two lines print their own verdict; what the markdown says of them holds whichever it is:
-    # the entropy stays about a tenth of a nat per token (no collapse in a few steps on one batch)
+    assert 0 < records["05/eligible_share"] < 0.2
+    assert records["05/upclip_share"] > 2 * records["05/upclip_share_se"] > 0
+    assert records["05/upclip_p_old"] < 1 / 1.2 and 0 < records["05/upclip_p_policy"] < 1
     for key in ("probe_entropy_before", "probe_entropy_symmetric", "probe_entropy_clip_higher"):
-        assert 0.03 < records[f"05/{key}"] < 0.3
+        assert 0 < records[f"05/{key}"] < 1

@@ -486,7 +486,7 @@ def _probe_batch():
     prompts = [tok.apply_chat_template(data.to_prompt_messages(p), tokenize=False, add_generation_prompt=True)
                for p in data.make_problems(2, split="train", seed=0)]
     completions = [["x = 3 + 4 = 7", "7"], ["no idea at all", "answer: 12 and more words here"]]
-    batch = rl.completion_batch(tok, prompts, completions, stop_id=tok.eos_token_id)
+    batch = rl.completion_batch(tok, prompts, completions, stop_id=tok.eos_token_id, max_completion_length=12)
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return model, tok, batch, lora
 
@@ -501,7 +501,10 @@ def test_completion_batch_is_trls_layout():
     for row, text in enumerate(["x = 3 + 4 = 7", "7", "no idea at all", "answer: 12 and more words here"]):
         n = int(batch["completion_mask"][row].sum())
         ids = batch["completion_ids"][row, :n].tolist()
-        assert ids[-1] == tok.eos_token_id and tok.decode(ids[:-1]) == text
+        if len(tok.encode(text, add_special_tokens=False)) < 12:
+            assert ids[-1] == tok.eos_token_id and tok.decode(ids[:-1]) == text
+        else:   # cut at max_completion_length, with no end token (as TRL's batches)
+            assert len(ids) == 12 and ids[-1] != tok.eos_token_id and text.startswith(tok.decode(ids))
         assert batch["completion_mask"][row, :n].all() and not batch["completion_mask"][row, n:].any()
     entropy, logps = rl.token_entropy_logps(model, batch, micro_batch=3)
     with torch.no_grad():
@@ -523,6 +526,8 @@ def test_off_policy_steps_accumulate_micro_batches_and_leave_the_model_alone():
     # one optimizer step over the whole batch, however it is cut into micro-batches
     assert torch.allclose(whole["logps"][mask], parts["logps"][mask], atol=1e-5)
     assert whole["up_clipped"][0] == 0.0, "the first step is on-policy: every ratio is 1"
+    assert whole["clipped"].any() and not (whole["clipped"] & ~mask).any()
+    assert not whole["clipped"][advantages <= 0].any(), "only tokens with A > 0 are up-clipped"
     assert max(whole["up_clipped"]) > 0, "a large learning rate moves ratios past 1 + eps"
     assert max(unclipped["up_clipped"]) < max(whole["up_clipped"]), "fewer ratios pass a higher bound"
     assert not torch.allclose(whole["logps"][mask], unclipped["logps"][mask]), "the upper clip changed the steps"

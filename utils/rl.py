@@ -226,19 +226,22 @@ def decode_rollout(prompts: list, trainer) -> dict:
 
 
 # ----------------------------------------------------------------------------- lesson 05: where the clip binds
-def completion_batch(tokenizer, prompts: list[str], completions: list[list[str]], stop_id: int) -> dict:
+def completion_batch(tokenizer, prompts: list[str], completions: list[list[str]], stop_id: int,
+                     max_completion_length: int) -> dict:
     """TRL's generation-batch layout for completions already sampled as text (lesson 05's clip probe).
 
     Args:
         prompts: P prompt strings (chat template applied); completions: P lists of G completion strings each.
-        stop_id: the end token appended to every completion (its probability is trained too, as TRL's).
+        stop_id: the end token, appended to every completion shorter than ``max_completion_length`` tokens (one
+            that long was cut there, with no end token, as in TRL's batches).
     Returns:
         dict of int64 tensors: ``prompt_ids``/``prompt_mask`` (P * G, S) left-padded, prompt p's rows adjacent;
         ``completion_ids``/``completion_mask`` (P * G, T) right-padded, the mask 1 up to and including the end token.
     """
     rows = [(p, c) for p, group in zip(prompts, completions) for c in group]
     prompt = tokenizer([p for p, _ in rows], add_special_tokens=False)["input_ids"]
-    done = [ids + [stop_id] for ids in tokenizer([c for _, c in rows], add_special_tokens=False)["input_ids"]]
+    done = [ids[:max_completion_length] + ([stop_id] if len(ids) < max_completion_length else [])
+            for ids in tokenizer([c for _, c in rows], add_special_tokens=False)["input_ids"]]
     S, T = max(map(len, prompt)), max(map(len, done))
     pad = tokenizer.pad_token_id
 
@@ -282,9 +285,10 @@ def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: to
         batch: :func:`completion_batch`'s dict, B rows; old_logps: (B, T) float32 under the sampling policy;
             advantages: (B,) float32.
     Returns:
-        dict: ``"entropy"`` and ``"logps"`` (B, T) float32 of the trained copy (:func:`token_entropy_logps`), and
-        ``"up_clipped"``, per step, the share of completion tokens with ``A > 0`` and ``rho > 1 + eps_high``
-        before that step's update.
+        dict: ``"entropy"`` and ``"logps"`` (B, T) float32 of the trained copy (:func:`token_entropy_logps`);
+        ``"up_clipped"``, per step, the share of completion tokens with ``A > 0`` and ``rho > 1 + eps_high`` in that
+        step's forward pass (TRL's ``clip_ratio/high_mean``); ``"clipped"``, (B, T) bool, the tokens up-clipped in
+        any step.
     """
     import copy
 
@@ -297,9 +301,9 @@ def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: to
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.train()
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=learning_rate)
+    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)   # TrainingArguments' default decay
     mask = batch["completion_mask"].float()
-    n_tokens, up_clipped = mask.sum(), []
+    n_tokens, up_clipped, clipped = mask.sum(), [], torch.zeros(mask.shape, dtype=torch.bool)
     for _ in range(steps):
         up = 0.0
         for i in range(0, mask.size(0), micro_batch):
@@ -309,7 +313,9 @@ def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: to
             loss = (surrogate_fn(logps, old, adv, eps_low, eps_high) * m).sum() / n_tokens
             loss.backward()
             with torch.no_grad():
-                up += (((logps - old).exp() > 1 + eps_high) & (adv[:, None] > 0) & (m > 0)).sum().item()
+                now = ((logps - old).exp() > 1 + eps_high) & (adv[:, None] > 0) & (m > 0)
+                up += now.sum().item()
+                clipped[i:i + micro_batch] |= now.cpu()
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -317,4 +323,4 @@ def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: to
     policy.eval()
     entropy, logps = token_entropy_logps(policy, batch, micro_batch)
     del policy, optimizer
-    return {"entropy": entropy, "logps": logps, "up_clipped": up_clipped}
+    return {"entropy": entropy, "logps": logps, "up_clipped": up_clipped, "clipped": clipped}

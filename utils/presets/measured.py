@@ -15,9 +15,10 @@ from ..constants import TWIN_MEASUREMENTS
 CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_share")
 
 # Keys that size only a part of a lesson the twins do not run (lesson 04's capstone, GRPO with the student's own
-# step; the reward-hack runs of lessons 04 and 09, estimated from lesson 04's GRPO batch): the twin's figures hold for
-# the phases it measured, and those keys are not in them.
-UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts")
+# step; the reward-hack runs of lessons 04 and 09, estimated from lesson 04's GRPO batch; lesson 05's clip probe,
+# estimated from its DAPO batch): the twin's figures hold for the phases it measured, and those keys are not in them.
+UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts", "clip_probe_prompts", "clip_probe_steps",
+                  "clip_probe_learning_rate", "clip_probe_micro_batch")
 
 # Keys that set how many times a measured unit runs (steps, iterations, problems, seeds), not how large it is: the
 # twins run a few steps of each phase whatever they are, so a preset cut to a session keeps its measurement (the
@@ -25,8 +26,7 @@ UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts")
 COUNT_KEYS = ("max_steps", "sft_steps", "hack_steps", "n_train", "n_test", "n_prompts", "n_heldout", "seeds",
               "rl_pool", "rl_iterations", "overopt_iterations", "ttc_problems", "prm_problems", "beam_max_steps",
               "refine_rounds", "sampled_eval_prompts", "sweep_prompts", "qlora_steps", "throughput_steps",
-              "ppl_problems", "turn_prompts", "eval_steps", "save_steps", "logging_steps", "clip_probe_prompts",
-              "clip_probe_steps")
+              "ppl_problems", "turn_prompts", "eval_steps", "save_steps", "logging_steps")
 
 # Keys added after the twins were measured, with the value that runs exactly what was measured: a preset
 # holding that value keeps its measurement (any other value changes the run, so the digest changes).
