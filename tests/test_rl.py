@@ -518,7 +518,7 @@ def test_off_policy_steps_accumulate_micro_batches_and_leave_the_model_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     _, old = rl.token_entropy_logps(model, batch, micro_batch=4)
     advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])
-    kw = dict(surrogate_fn=l04.clipped_surrogate, steps=3, learning_rate=0.05, eps_low=0.2, lora_config=lora, seed=0)
+    kw = dict(surrogate_fn=l04.clipped_surrogate, aggregate_fn=l04.aggregate_loss, steps=3, learning_rate=0.05, eps_low=0.2, lora_config=lora, seed=0)
     whole = rl.off_policy_steps(model, batch, old, advantages, eps_high=0.2, micro_batch=4, **kw)
     parts = rl.off_policy_steps(model, batch, old, advantages, eps_high=0.2, micro_batch=1, **kw)
     unclipped = rl.off_policy_steps(model, batch, old, advantages, eps_high=10.0, micro_batch=4, **kw)

@@ -103,11 +103,17 @@ def per_token_logps(model, batch: dict, temperature: float = 1.0) -> torch.Tenso
         (B, T) float32: ``log softmax(logits / temperature)`` at each completion token (values on
         padding positions are meaningless: multiply by the mask).
     """
+    return _completion_log_softmax(model, batch, temperature).gather(
+        -1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def _completion_log_softmax(model, batch: dict, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T, V) float32 ``log softmax(logits / temperature)`` at each completion position of a TRL batch."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     T = batch["completion_ids"].size(1)
     logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, -T - 1:-1].float()
-    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 # ----------------------------------------------------------------------------- TRL configuration
@@ -261,26 +267,23 @@ def token_entropy_logps(model, batch: dict, micro_batch: int) -> tuple[torch.Ten
     with torch.no_grad():
         for i in range(0, batch["completion_ids"].size(0), micro_batch):
             part = {k: v[i:i + micro_batch].to(model.device) for k, v in batch.items()}
-            ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
-            att = torch.cat([part["prompt_mask"], part["completion_mask"]], dim=1)
-            T = part["completion_ids"].size(1)
-            lp = torch.log_softmax(model(input_ids=ids, attention_mask=att, use_cache=False).logits[:, -T - 1:-1]
-                                   .float(), dim=-1)
+            lp = _completion_log_softmax(model, part)
             out.append((-(lp.exp() * lp).sum(-1).cpu(), lp.gather(-1, part["completion_ids"].unsqueeze(-1))
                         .squeeze(-1).cpu()))
     return torch.cat([e for e, _ in out]), torch.cat([lp for _, lp in out])
 
 
 def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: torch.Tensor, *, surrogate_fn,
-                     steps: int, learning_rate: float, eps_low: float, eps_high: float, lora_config,
+                     aggregate_fn, steps: int, learning_rate: float, eps_low: float, eps_high: float, lora_config,
                      micro_batch: int, seed: int = 0, max_grad_norm: float = 1.0,
                      gradient_checkpointing: bool = False) -> dict:
     """``steps`` optimizer steps of the clipped loss on one fixed batch, from a copy of ``model`` with a fresh LoRA
     adapter (AdamW): every step after the first is off-policy, as TRL's ``steps_per_generation`` and
     ``num_iterations`` make them, so the clip binds (lesson 05, "where the clip binds").
 
-    The loss is DAPO's token mean (``loss_type="dapo"``) of ``surrogate_fn(logps, old_logps, advantages, eps_low,
-    eps_high)`` over the whole batch, its micro-batches' gradients accumulated. ``model`` is not changed.
+    The loss is ``aggregate_fn(surrogate_fn(logps, old_logps, advantages, eps_low, eps_high), mask, "dapo")``, DAPO's
+    token mean, over the whole batch: each micro-batch's mean weighted by its share of the tokens, the gradients
+    accumulated (lesson 04's ``clipped_surrogate`` and ``aggregate_loss``). ``model`` is not changed.
     Args:
         batch: :func:`completion_batch`'s dict, B rows; old_logps: (B, T) float32 under the sampling policy;
             advantages: (B,) float32.
@@ -310,7 +313,7 @@ def off_policy_steps(model, batch: dict, old_logps: torch.Tensor, advantages: to
             part = {k: v[i:i + micro_batch].to(policy.device) for k, v in batch.items()}
             old, adv, m = (x[i:i + micro_batch].to(policy.device) for x in (old_logps, advantages, mask))
             logps = per_token_logps(policy, part)
-            loss = (surrogate_fn(logps, old, adv, eps_low, eps_high) * m).sum() / n_tokens
+            loss = aggregate_fn(surrogate_fn(logps, old, adv, eps_low, eps_high), m, "dapo") * (m.sum() / n_tokens)
             loss.backward()
             with torch.no_grad():
                 now = ((logps - old).exp() > 1 + eps_high) & (adv[:, None] > 0) & (m > 0)

@@ -147,8 +147,7 @@ def _as_python(source: str) -> str:
     the judge then leaves out: they are not definitions); a cell magic's body (``%%time``) as its own code."""
     from IPython.core.inputtransformer2 import TransformerManager
     if source.lstrip().startswith("%%"):   # the magic's line left blank: line numbers stay the student's
-        head, _, body = source.partition("\n")
-        source = "\n" + body
+        source = "\n" + source.partition("\n")[2]
     try:
         return TransformerManager().transform_cell(source)
     except Exception:  # noqa: BLE001 -- the judge reports the cell's own SyntaxError
