@@ -180,18 +180,19 @@ class TRLRig:
         self.tmp = tmp
         self.trainers, self.batches = {}, {}
 
-    def trainer(self, loss_type, beta, temperature=1.0, scale="group", bias_kl=False):
-        key = (loss_type, beta, temperature, scale, bias_kl)
+    def trainer(self, loss_type, beta, temperature=1.0, scale="group", bias_kl=False, **extra):
+        key = (loss_type, beta, temperature, scale, bias_kl, *sorted(extra.items()))
         if key not in self.trainers:
             from trl import GRPOConfig, GRPOTrainer
 
             # CPU, fp32. TRL's configs default to bf16=True and gradient_checkpointing=True; transformers 5.23 reads
             # the latter as a deprecated alias of activation_checkpointing, so that is the name to turn off.
             args = GRPOConfig(
-                output_dir=str(self.tmp / "_".join(map(str, key))), use_cpu=True, bf16=False, fp16=False,
+                output_dir=str(self.tmp / "_".join(map(str, key)).replace(" ", "")), use_cpu=True, bf16=False, fp16=False,
                 activation_checkpointing=False, report_to=[], seed=0, per_device_train_batch_size=B,
                 gradient_accumulation_steps=1, num_generations=G, max_completion_length=MAX_LEN,
-                temperature=temperature, loss_type=loss_type, beta=beta, epsilon=EPS, epsilon_high=EPS_HIGH,
+                temperature=temperature, loss_type=loss_type, beta=beta,
+                **{"epsilon": EPS, "epsilon_high": EPS_HIGH, **extra},
                 scale_rewards=scale, use_bias_correction_kl=bias_kl)
             trainer = GRPOTrainer(model=_policy(self.tok), args=args, train_dataset=self.dataset,
                                   processing_class=self.tok,
@@ -303,6 +304,55 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
                                 max_completion_length=MAX_LEN)
     unclipped = l04.aggregate_loss(-rho * a, mask, loss_type, max_completion_length=MAX_LEN)
     assert abs(unclipped.item() - clipped.item()) > 1e-3
+
+
+# GSPO, CISPO and SAPO (lesson 05's answers on lesson 04's clip and aggregation): the configuration TRL's docs give
+# for each, with ranges at which the clip or the gate binds on these perturbed old log-probs.
+FAMILIES = {
+    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+             lambda lp, old, a, m: l04.aggregate_loss(l04.clipped_surrogate(
+                 l05.sequence_log_ratio(lp, old, m), torch.zeros(len(lp), 1), a, 3e-4, 4e-4), m, "grpo")),
+    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.2},
+              lambda lp, old, a, m: l04.aggregate_loss(l05.cispo_surrogate(lp, old, a, 1.2), m, "dapo")),
+    "sapo": ({"loss_type": "sapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05},
+             lambda lp, old, a, m: l04.aggregate_loss(l05.sapo_surrogate(lp, old, a, 1.0, 1.05), m, "grpo")),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_loss_families_match_trl_grpo_trainer(rig, family):
+    """Value and gradient of lesson 05's GSPO ratio, CISPO and SAPO equal GRPOTrainer.compute_loss's, off-policy
+    (old log-probs moved by a fixed random amount), where GSPO's clip, CISPO's cap and SAPO's gate bind."""
+    config, ours = FAMILIES[family]
+    trainer = rig.trainer(config["loss_type"], 0.0, **{k: v for k, v in config.items() if k != "loss_type"})
+    batch, _ = rig.batch(0.0)
+    model, mask, adv = trainer.model, batch["completion_mask"], batch["advantages"]
+    logps = rl.per_token_logps(model, batch)
+    gen = torch.Generator().manual_seed(1)
+    old_logps = (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen)) * mask
+    trl_loss = trainer.compute_loss(model, {**batch, "old_per_token_logps": old_logps})
+    our_loss = ours(logps, old_logps, adv, mask)
+    assert abs(our_loss.item() - trl_loss.item()) <= 1e-5, (our_loss.item(), trl_loss.item())
+    params = [p for p in model.parameters() if p.requires_grad]
+    trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
+    our_grads = torch.autograd.grad(our_loss, params, allow_unused=True, materialize_grads=True)
+    for g_trl, g_ours in zip(trl_grads, our_grads):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
+    # the bound binds here: the gradient of the loss per log-prob differs from the plain policy gradient's
+    x = logps.detach().requires_grad_(True)
+    (per_logp,) = torch.autograd.grad(ours(x, old_logps, adv, mask), x)
+    (plain,) = torch.autograd.grad(l04.aggregate_loss(-adv[:, None] * x, mask, "grpo" if family != "cispo" else "dapo"), x)
+    rho = torch.exp(logps.detach() - old_logps)
+    if family == "gspo":   # whole completions: some without any gradient, some with
+        dead = ((per_logp == 0) | (mask == 0)).all(1)
+        assert dead.any() and not dead.all(), "GSPO's clip must drop some completions and keep others"
+    elif family == "cispo":   # no token loses its gradient; the capped ones are scaled, not dropped
+        capped = (rho > 1.2) & mask.bool() & (adv[:, None] != 0)
+        assert capped.any() and (per_logp[capped] != 0).all()
+        torch.testing.assert_close(per_logp[capped], plain[capped] * 1.2, atol=1e-6, rtol=1e-5)
+    else:                  # the gate moves every weight off 1 and cuts none
+        live = mask.bool() & (adv[:, None] != 0)
+        assert (per_logp[live] != 0).all() and ((per_logp[live] / plain[live] - 1).abs() > 1e-3).any()
 
 
 class GradientRecorder(torch.optim.Optimizer):
