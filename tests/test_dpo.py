@@ -106,6 +106,53 @@ def test_loss_matches_trl_dpo_trainer(trl_setup):
     assert logged["rewards/margins"][-1] == pytest.approx((chosen_rewards - rejected_rewards).mean().item(), abs=1e-5)
 
 
+# The policy is far from the reference here (log-ratios of -130 to -260 nats): APO-zero's sigmoids of beta * c saturate
+# at beta 0.3 (loss 1, gradient 1e-17), so it is compared at a beta where they do not.
+LOSS_BETAS = {"ipo": 0.3, "apo_zero": 0.005, "sigmoid_norm": 0.3}
+
+
+@pytest.fixture(scope="module")
+def trl_loss_types(trl_setup, tmp_path_factory):
+    """A DPOTrainer per other loss_type of lesson 03's exercise, on trl_setup's policy, reference and pairs."""
+    from trl import DPOConfig, DPOTrainer
+
+    base, ref, tok = trl_setup
+    trainers = {}
+    for loss_type, beta in LOSS_BETAS.items():
+        args = DPOConfig(output_dir=str(tmp_path_factory.mktemp(loss_type)), beta=beta, loss_type=[loss_type],
+                         per_device_train_batch_size=4, max_steps=1, report_to="none", bf16=False, use_cpu=True,
+                         activation_checkpointing=False, max_length=None)
+        trainers[loss_type] = DPOTrainer(model=base.model, ref_model=ref, args=args, processing_class=tok,
+                                         train_dataset=Dataset.from_list(_pairs()))
+    return trainers
+
+
+@pytest.mark.parametrize("loss_type", ["ipo", "apo_zero", "sigmoid_norm"])
+def test_preference_losses_match_trl_dpo_trainer(trl_loss_types, trl_setup, loss_type):
+    """Lesson 03's preference_loss equals DPOTrainer.compute_loss for the same loss_type, value and gradient, on a
+    batch with answers of different lengths and a policy moved away from the reference."""
+    trainer, ref = trl_loss_types[loss_type], trl_setup[1]
+    model = trainer.model
+    batch = next(iter(trainer.get_train_dataloader()))
+    lengths = batch["completion_mask"].sum(1).double()
+    assert lengths.unique().numel() > 1, "the test needs answers of different lengths"
+    trl_loss = trainer.compute_loss(model, batch)
+    pc, pr = completion_logps(model, batch).chunk(2)
+    with torch.no_grad():
+        rc, rr = completion_logps(ref, batch).chunk(2)
+    lc, lr = lengths.chunk(2)
+    beta = LOSS_BETAS[loss_type]
+    ours = l03.preference_loss(pc - rc, pr - rr, lc, lr, beta=beta, loss_type=loss_type).mean()
+    assert abs(ours.item() - trl_loss.item()) <= 1e-5, (ours.item(), trl_loss.item())
+    params = [p for p in model.parameters() if p.requires_grad]
+    trl_grads = torch.autograd.grad(trl_loss, params)
+    assert max(g.abs().max().item() for g in trl_grads) > 1e-3, "the loss must not be saturated on this batch"
+    for g_trl, g_ours in zip(trl_grads, torch.autograd.grad(ours, params)):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-6, rtol=1e-4)
+    plain = l03.dpo_loss(pc, pr, rc, rr, beta=beta)[0]
+    assert abs(plain.item() - ours.item()) > 1e-3, "the loss differs from DPO's on this batch"
+
+
 def test_implicit_rewards_zero_for_identical_models():
     model, tok = tiny.load()
     c, r = dpo.implicit_rewards(model, model, tok, _pairs(3), beta=0.1, sequence_logps=l03.sequence_logps)

@@ -112,6 +112,10 @@ def verl_check(verl_python, tmp_path_factory):
         lora_target_modules=LORA_TARGETS, max_steps=200, extra={"trainer.resume_mode": "disable"})
     ppo_commands = [verl_export.main_ppo_command(str(TINY), tmp / "export", **{**LESSON07_COMMON, **kw})
                     for kw in LESSON07_COMMANDS.values()]
+    loss_commands = [verl_export.main_ppo_command(  # lesson 05's GSPO, CISPO and SAPO on GRPO's advantages
+        str(TINY), tmp / "export", **{**LESSON07_COMMON, **LESSON07_COMMANDS["grpo"], "beta": 0.0,
+                                      "experiment_name": mode, "extra": verl_export.loss_mode_overrides(mode)})
+        for mode in verl_export.LOSS_MODES]
     rows = [verl_export.to_verl_row(p, "test", i, data_source=verl_export.SYNTHETIC_SOURCE)
             for i, p in enumerate(test)]
     cases, expected = [], []
@@ -122,7 +126,8 @@ def verl_check(verl_python, tmp_path_factory):
             cases.append({"data_source": row["data_source"], "solution_str": text,
                           "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row["extra_info"]})
             expected.append(trl_reward(text, p["answer"]))
-    spec = {"command": command, "more_commands": [lora_command], "validated_commands": ppo_commands, "cases": cases,
+    spec = {"command": command, "more_commands": [lora_command], "validated_commands": ppo_commands + loss_commands,
+            "cases": cases,
             "manager_templates": MANAGER_TEMPLATES, "hydra_dir": str(tmp / "hydra")}
     (tmp / "spec.json").write_text(json.dumps(spec))
     work = tmp / "work"   # cwd without the repository: reward.py must stand alone
@@ -245,7 +250,7 @@ def test_verl_main_ppo_accepts_our_commands(verl_check):
 def test_verl_main_ppo_accepts_lesson07_commands(verl_check):
     """PPO with a critic (adv_estimator=gae), REINFORCE++, RLOO and GRPO pass verl's validate_config and reach
     run_ppo."""
-    ppo_, rpp, rloo, grpo = verl_check["out"]["validated_commands"]
+    ppo_, rpp, rloo, grpo = verl_check["out"]["validated_commands"][:len(LESSON07_COMMANDS)]
     for got in (ppo_, rpp, rloo, grpo):
         assert got["missing_keys"] == [] and "TaskRunnerV1" in got["runner"]
         assert got["need_reference_policy"] is True and got["need_critic"] is (got is ppo_)  # the KL needs pi_ref
@@ -266,6 +271,27 @@ def test_verl_main_ppo_accepts_lesson07_commands(verl_check):
     assert ppo_["config"]["actor_rollout_ref.actor.entropy_coeff"] == 0.001
     assert rpp["config"]["algorithm.adv_estimator"] == "reinforce_plus_plus"
     assert not any(k.startswith("critic.") for k in rpp["config"])
+
+
+@pytest.mark.slow
+def test_verl_main_ppo_accepts_lesson05_loss_modes(verl_check):
+    """GSPO, CISPO and SAPO (utils.verl_export.LOSS_MODES) pass verl's validate_config with their settings, and the
+    actor keeps them."""
+    validated = verl_check["out"]["validated_commands"][len(LESSON07_COMMANDS):]
+    assert len(validated) == len(verl_export.LOSS_MODES) == 3
+    for mode, got in zip(verl_export.LOSS_MODES, validated):
+        assert got["missing_keys"] == [] and "TaskRunnerV1" in got["runner"], mode
+        assert got["need_critic"] is False and got["need_reference_policy"] is False, mode   # beta 0: no reference
+        for key, value in verl_export.LOSS_MODES[mode].items():
+            assert got["config"][key] == value, (mode, key, got["config"][key])
+
+
+def test_loss_mode_overrides_name_verls_keys():
+    assert verl_export.loss_mode_overrides("cispo") == [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.clip_ratio_low=1.0",
+        "actor_rollout_ref.actor.clip_ratio_high=4.0"]
+    with pytest.raises(ValueError, match="expected one of"):
+        verl_export.loss_mode_overrides("ppo")
 
 
 @pytest.mark.slow

@@ -44,6 +44,26 @@ REWARD_FN = "compute_score"
 # were trained on the bare question, and the TRL lesson prompts with the bare question.
 VERL_GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
+# The policy losses of lesson 05 ("Three other ways to bound an off-policy step") as verl 0.9.1's actor settings,
+# at the values the lesson uses with TRL: GSPO's sequence ratio in its paper's range with one mean per sequence;
+# CISPO's weight capped at 5 (verl clips it to [1 - clip_ratio_low, 1 + clip_ratio_high]: no lower bound here,
+# as TRL's cispo); SAPO's temperatures. Any other key of the actor keeps its default ("vanilla": PPO's clip).
+ACTOR = "actor_rollout_ref.actor."
+LOSS_MODES = {
+    "gspo": {ACTOR + "policy_loss.loss_mode": "gspo", ACTOR + "clip_ratio_low": 3e-4, ACTOR + "clip_ratio_high": 4e-4,
+             ACTOR + "loss_agg_mode": "seq-mean-token-mean"},
+    "cispo": {ACTOR + "policy_loss.loss_mode": "cispo", ACTOR + "clip_ratio_low": 1.0, ACTOR + "clip_ratio_high": 4.0},
+    "sapo": {ACTOR + "policy_loss.loss_mode": "sapo", ACTOR + "tau_pos": 1.0, ACTOR + "tau_neg": 1.05},
+}
+
+
+def loss_mode_overrides(loss_mode: str) -> list[str]:
+    """The ``key=value`` overrides that switch :func:`main_ppo_command`'s actor to ``loss_mode`` (:data:`LOSS_MODES`:
+    ``"gspo"``, ``"cispo"``, ``"sapo"``); pass them as its ``extra``. Taught in lesson 05."""
+    if loss_mode not in LOSS_MODES:
+        raise ValueError(f"unknown loss_mode {loss_mode!r}: expected one of {sorted(LOSS_MODES)}")
+    return [f"{k}={_value(v)}" for k, v in LOSS_MODES[loss_mode].items()]
+
 
 def data_source_for(dataset: str) -> str:
     """verl ``data_source`` for a preset's ``dataset`` (``"synthetic"`` or a GSM8K source)."""

@@ -16,9 +16,10 @@ CONTENT_KEYS = ("model", "dataset", "difficulty", "verbose_share", "shortcut_sha
 
 # Keys that size only a part of a lesson the twins do not run (lesson 04's capstone, GRPO with the student's own
 # step; the reward-hack runs of lessons 04 and 09, estimated from lesson 04's GRPO batch; lesson 05's clip probe,
-# estimated from its DAPO batch): the twin's figures hold for the phases it measured, and those keys are not in them.
+# estimated from its DAPO batch; lesson 03's other preference losses, estimated from its DPO runs): the twin's
+# figures hold for the phases it measured, and those keys are not in them.
 UNTWINNED_KEYS = ("hand_steps", "hand_prompts", "hack_prompts", "clip_probe_prompts", "clip_probe_steps",
-                  "clip_probe_learning_rate", "clip_probe_micro_batch")
+                  "clip_probe_learning_rate", "clip_probe_micro_batch", "preference_losses")
 
 # Keys that set how many times a measured unit runs (steps, iterations, problems, seeds), not how large it is: the
 # twins run a few steps of each phase whatever they are, so a preset cut to a session keeps its measurement (the

@@ -165,6 +165,7 @@ def _lesson02(p, one):
 def _lesson03(p, one):
     pairs = p["batch_size"] * p["grad_accum"]
     runs = 2 + len([b for b in p["betas"] if b != p["beta"]])      # the run, DPO + NLL, the sweep's other betas
+    losses = len(p["preference_losses"])                            # section 9's other losses: no greedy evaluation
     step = pairs * 2 * p["max_length"]
     return [_sft(one, p["sft_steps"]),
             _eval(p, p["n_test"], "greedy evaluations: SFT and each DPOTrainer model", ("03", "preference sampling"),
@@ -172,16 +173,17 @@ def _lesson03(p, one):
             _eval(p, p["n_prompts"], "preference sampling", ("03", "preference sampling"), samples=p["n_samples"]),
             _eval(p, p["n_heldout"], "preference sampling, held out", ("03", "preference sampling"),
                   samples=p["n_samples"]),
-            _op("DPOTrainer runs", runs * p["max_steps"], ("03", "DPO train"),
+            _op("DPOTrainer runs", (runs + losses) * p["max_steps"], ("03", "DPO train"),
                 [training(2 * pairs, p["max_length"], p["gradient_checkpointing"])]),
             _op("the hand-written DPO loop (reference forward each step)", p["max_steps"], ("03", "DPO train"),
                 [training(2 * p["batch_size"], p["max_length"], False), forward(2 * p["batch_size"], p["max_length"])],
                 scale=1 / p["grad_accum"]),
             _scoring(p, "reference log-probabilities and implicit rewards",
-                     (runs * 2 * p["n_prompts"] + (runs + 1) * 2 * p["n_heldout"]) * 2, p["max_length"],
+                     ((runs + losses) * 2 * p["n_prompts"] + (runs + 1 + (losses + 1 if losses else 0)) * 2
+                      * p["n_heldout"]) * 2, p["max_length"],
                      ("03", "DPO train"), step, p["eval_batch_size"]),
             _eval(p, p["n_heldout"], "KL to the reference: samples", ("03", "preference sampling"),
-                  calls=len(p["betas"]))]
+                  calls=len(p["betas"]) + losses)]
 
 
 def _lesson04(p, one):

@@ -80,3 +80,27 @@ def dpo_step(policy, ref_model, batch, optimizer, beta, logps_fn, loss_fn, max_g
     optimizer.zero_grad(set_to_none=True)
     return {"loss": loss.item(), "margin": (chosen_rewards - rejected_rewards).mean().item(),
             "accuracy": (chosen_rewards > rejected_rewards).float().mean().item()}
+
+
+# ----------------------------------------------------------------------------- 03-preference-losses
+def preference_loss(chosen_logratios, rejected_logratios, chosen_lengths, rejected_lengths, beta, loss_type):
+    """Three of DPOTrainer's other loss_types, one loss per pair.
+
+    Args:
+        chosen_logratios, rejected_logratios: (B,) float, c and r: log pi(y|x) - log pi_ref(y|x) of each pair's
+            chosen and rejected answer, summed over the answer's tokens.
+        chosen_lengths, rejected_lengths: (B,) int or float, the answers' numbers of tokens (0 counts as 1).
+        beta: float > 0.
+        loss_type: "ipo", "apo_zero" or "sigmoid_norm"; any other is a ValueError.
+    Returns:
+        (B,) float: "ipo" (c / |y_w| - r / |y_l| - 1 / (2 beta))**2; "apo_zero" 1 - sigmoid(beta c) + sigmoid(beta r);
+        "sigmoid_norm" -log sigmoid(beta (c / |y_w| - r / |y_l|)), finite for any finite input.
+    """
+    per_token = (chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(min=1))
+    if loss_type == "ipo":
+        return (per_token - 1 / (2 * beta)) ** 2
+    if loss_type == "apo_zero":
+        return 1 - torch.sigmoid(beta * chosen_logratios) + torch.sigmoid(beta * rejected_logratios)
+    if loss_type == "sigmoid_norm":
+        return -F.logsigmoid(beta * per_token)
+    raise ValueError(f"unknown loss_type {loss_type!r}: expected 'ipo', 'apo_zero' or 'sigmoid_norm'")
