@@ -60,14 +60,15 @@ def test_headline_is_declared_and_read_from_the_run(lesson_runs):
 
 def test_other_preference_losses_are_compared_with_dpo_on_the_same_pairs(records):
     # Section 9's IPO, APO-zero and sigmoid_norm, trained as the DPO run, scored on its held-out pairs and prompts
-    # (seed 0: preference accuracy 0.969 for all four; KL minus DPO's +0.139 +- 0.149, -0.415 +- 0.118, +0.208 +-
-    # 0.156; per-token margin DPO 0.429, IPO 0.626 against its target 1 / (2 beta) = 1.0). No difference keeps its
-    # sign on seeds 0-2 (APO-zero's KL minus DPO's: -0.415 +- 0.118, -0.088 +- 0.033, +0.157 +- 0.064; sigmoid_norm's
-    # +0.208, -0.049, -0.185), so the lesson claims no ranking: it prints each paired difference with its verdict.
-    assert records["03/ipo_target_margin"] == 1 / (2 * records["03/beta"])
+    # (seed 0: preference accuracy 0.969 for all four; KL minus DPO's +0.139 +- 0.149, -0.353 +- 0.124, +0.191 +-
+    # 0.158; per-token margin DPO 0.429, IPO 0.626 against its target 1 / (2 beta) = 1.0). No difference is beyond
+    # two errors with one sign on seeds 0-2 (APO-zero's KL minus DPO's: -0.353 +- 0.124, -0.093 +- 0.037, +0.105 +-
+    # 0.032; sigmoid_norm's +0.191, -0.019, -0.161; IPO's +0.139 +- 0.149, +0.070 +- 0.045, +0.021 +- 0.030), so the
+    # lesson claims no ranking: it prints each paired difference with its verdict.
     assert 0 <= records["03/loss_dpo_accuracy"] <= 1 and records["03/loss_dpo_kl_mean"] > 0
+    assert records["03/loss_dpo_kl_mean"] == records[f"03/kl_beta_{records['03/beta']}"], "the sweep's, same prompts"
     for loss in ("ipo", "apo_zero", "sigmoid_norm"):
         assert 0 <= records[f"03/loss_{loss}_accuracy"] <= 1 and records[f"03/loss_{loss}_kl_mean"] > 0
-        assert records[f"03/loss_{loss}_accuracy_diff_se"] > 0 and records[f"03/loss_{loss}_kl_diff_se"] > 0
-        assert records[f"03/loss_{loss}_kl_diff"] == pytest.approx(
-            records[f"03/loss_{loss}_kl_mean"] - records["03/loss_dpo_kl_mean"], abs=1e-9)
+        # each paired standard error is positive and of a plausible size (seeds 0-2: 0.021-0.038 and 0.030-0.156)
+        assert 0 < records[f"03/loss_{loss}_accuracy_diff_se"] < 0.2
+        assert 0 < records[f"03/loss_{loss}_kl_diff_se"] < records["03/loss_dpo_kl_mean"]
