@@ -238,6 +238,24 @@ CASES = [(lt, 0.0, 1.0, "group", False) for lt in LOSS_TYPES] + [
 ]
 
 
+def assert_same_loss_and_grads(model, trl_loss, our_loss):
+    """TRL's loss and ours on the same batch: the same value (to 1e-5) and the same gradient of every trainable
+    parameter. Our graph is kept (its log-probs are reused by a later check)."""
+    assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
+    params = [p for p in model.parameters() if p.requires_grad]
+    trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
+    our_grads = torch.autograd.grad(our_loss, params, allow_unused=True, materialize_grads=True, retain_graph=True)
+    for g_trl, g_ours in zip(trl_grads, our_grads):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
+
+
+def moved_old_logps(logps, mask):
+    """Old log-probs moved from ``logps`` by a fixed random amount (seed 1), so that clips and gates bind on some
+    tokens; zero on padding, as TRL's own log-probs are there."""
+    gen = torch.Generator().manual_seed(1)
+    return (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen)) * mask
+
+
 @pytest.mark.parametrize("loss_type, beta, temperature, scale, bias_kl", CASES)
 def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale, bias_kl):
     trainer = rig.trainer(loss_type, beta, temperature, scale, bias_kl)
@@ -269,29 +287,17 @@ def test_loss_matches_trl_grpo_trainer(rig, loss_type, beta, temperature, scale,
             per_token = per_token + beta * kl                               # added per token, before aggregation
         return l04.aggregate_loss(per_token, mask, loss_type, max_completion_length=MAX_LEN)
 
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def assert_same_loss_and_grads(trl_loss, our_loss):
-        assert our_loss.item() == pytest.approx(trl_loss.item(), abs=1e-5)
-        trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
-        our_grads = torch.autograd.grad(our_loss, params, allow_unused=True, materialize_grads=True,
-                                        retain_graph=True)  # `logps` is reused by the next check
-        for g_trl, g_ours in zip(trl_grads, our_grads):
-            torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
-
     # 1. on-policy (old = logps.detach(), rho = 1): the value is just -A (+ KL), the gradient is the real check
-    assert_same_loss_and_grads(trainer.compute_loss(model, batch), ours(logps.detach()))
+    assert_same_loss_and_grads(model, trainer.compute_loss(model, batch), ours(logps.detach()))
     if beta > 0:
         kl = masked_mean(l04.k3_kl(logps, ref_logps), mask).item()
         assert kl > 1e-4, "the test needs policy != reference"
         assert trainer._metrics["train"]["kl"][-1] == pytest.approx(kl, abs=1e-5)
 
-    # 2. off-policy: old log-probs moved by a fixed random amount, so the clip binds on some tokens
-    #    (zero on padding, as TRL's own log-probs are there)
-    gen = torch.Generator().manual_seed(1)
-    old_logps = (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen)) * mask
+    # 2. off-policy: old log-probs moved, so the clip binds on some tokens
+    old_logps = moved_old_logps(logps, mask)
     trl_loss = trainer.compute_loss(model, {**batch, "old_per_token_logps": old_logps})
-    assert_same_loss_and_grads(trl_loss, ours(old_logps))
+    assert_same_loss_and_grads(model, trl_loss, ours(old_logps))
     rho = torch.exp(logps.detach() - old_logps)
     a = batch["advantages"].unsqueeze(1)
     low, high = (rho < 1 - EPS) & (a < 0), (rho > 1 + EPS_HIGH) & (a > 0)
@@ -328,16 +334,9 @@ def test_loss_families_match_trl_grpo_trainer(rig, family):
     batch, _ = rig.batch(0.0)
     model, mask, adv = trainer.model, batch["completion_mask"], batch["advantages"]
     logps = rl.per_token_logps(model, batch)
-    gen = torch.Generator().manual_seed(1)
-    old_logps = (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen)) * mask
+    old_logps = moved_old_logps(logps, mask)
     trl_loss = trainer.compute_loss(model, {**batch, "old_per_token_logps": old_logps})
-    our_loss = ours(logps, old_logps, adv, mask)
-    assert abs(our_loss.item() - trl_loss.item()) <= 1e-5, (our_loss.item(), trl_loss.item())
-    params = [p for p in model.parameters() if p.requires_grad]
-    trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True, materialize_grads=True)
-    our_grads = torch.autograd.grad(our_loss, params, allow_unused=True, materialize_grads=True)
-    for g_trl, g_ours in zip(trl_grads, our_grads):
-        torch.testing.assert_close(g_ours, g_trl, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_grads(model, trl_loss, ours(logps, old_logps, adv, mask))
     # the bound binds here: the gradient of the loss per log-prob differs from the plain policy gradient's
     x = logps.detach().requires_grad_(True)
     (per_logp,) = torch.autograd.grad(ours(x, old_logps, adv, mask), x)
