@@ -293,3 +293,64 @@ def test_dpo_config_follows_the_preset(tmp_path):
     args = dpo.dpo_config(cfg, tmp_path, beta=0.5)
     assert args.beta == 0.5 and args.max_steps == cfg.max_steps and args.learning_rate == cfg.learning_rate
     assert not args.bf16 and not args.fp16 and args.activation_checkpointing is False
+
+
+def test_kto_loss_known_values():
+    r, labels = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([True, False, False])
+    got = l03.kto_loss(r, labels, torch.tensor([0.6, 0.2]), beta=1.0)           # z0 = 0.4
+    want = [1 - torch.sigmoid(torch.tensor(0.6)), 1 - torch.sigmoid(torch.tensor(2.4)), 1 - torch.sigmoid(torch.tensor(-0.1))]
+    assert got.tolist() == pytest.approx([w.item() for w in want], abs=1e-6)
+    clamped = l03.kto_loss(r, labels, torch.tensor([-1.0, 0.2]), beta=1.0)     # a negative mean: z0 = 0
+    assert clamped.tolist() == pytest.approx(l03.kto_loss(r, labels, torch.zeros(1), beta=1.0).tolist())
+
+
+@pytest.fixture(scope="module")
+def kto_setup(tmp_path_factory):
+    """A KTOTrainer on unpaired answers, its policy ahead of its reference on every answer (the reference's first layer
+    is perturbed): the mismatched answers' mean log-ratio is positive, so z0 > 0 is not clamped away."""
+    from trl import KTOConfig, KTOTrainer, unpair_preference_dataset
+
+    model, tok = tiny.load()
+    model = model.double()                    # as trl_setup: TRL's fused output layer against full logits
+    ref = copy.deepcopy(model).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in ref.model.layers[0].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    args = KTOConfig(output_dir=str(tmp_path_factory.mktemp("kto")), beta=KTO_BETA, desirable_weight=1.3,
+                     undesirable_weight=0.7, per_device_train_batch_size=8, max_steps=1, report_to="none", bf16=False,
+                     use_cpu=True, gradient_checkpointing=False, max_length=None)
+    answers = unpair_preference_dataset(Dataset.from_list(_pairs())).shuffle(seed=0)
+    return KTOTrainer(model=model, ref_model=ref, args=args, processing_class=tok, train_dataset=answers), ref
+
+
+KTO_BETA = 0.02   # the log-ratios here are 135-257 nats: at this beta the sigmoids do not saturate
+
+
+def test_kto_loss_matches_trl_kto_trainer(kto_setup):
+    """Lesson 03's kto_loss, on the log-ratios of a KTOTrainer batch and of its mismatched KL answers, equals
+    KTOTrainer.compute_loss, value and gradient, with unequal weights and a reference point that is not clamped."""
+    trainer, ref = kto_setup
+    model = trainer.model
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert 0 < batch["label"].sum() < len(batch["label"]), "the test needs desirable and undesirable answers"
+    kl_batch = {"input_ids": batch["KL_input_ids"], "attention_mask": batch["KL_attention_mask"],
+                "completion_mask": batch["KL_completion_mask"]}
+    trl_loss = trainer.compute_loss(model, batch)
+    with torch.no_grad():
+        ref_logps, ref_kl_logps = completion_logps(ref, batch), completion_logps(ref, kl_batch)
+    kl_logratios = completion_logps(model, kl_batch) - ref_kl_logps     # with a graph: z0 must be detached
+    assert kl_logratios.mean() > 1, "the test needs a reference point above the clamp"
+    logratios = completion_logps(model, batch) - ref_logps
+    logged = trainer._metrics["train" if model.training else "eval"]["kl"][-1]
+    assert logged == pytest.approx(kl_logratios.mean().item(), abs=1e-4), "TRL's logged kl is z0"
+    ours = l03.kto_loss(logratios, batch["label"], kl_logratios, KTO_BETA, desirable_weight=1.3,
+                        undesirable_weight=0.7).mean()
+    assert abs(ours.item() - trl_loss.item()) <= 1e-5, (ours.item(), trl_loss.item())
+    unclamped_away = l03.kto_loss(logratios, batch["label"], torch.zeros(1), KTO_BETA, 1.3, 0.7).mean()
+    assert abs(unclamped_away.item() - ours.item()) > 1e-3, "z0 changes the loss on this batch"
+    params = [p for p in model.parameters() if p.requires_grad]
+    trl_grads = torch.autograd.grad(trl_loss, params)
+    assert max(g.abs().max().item() for g in trl_grads) > 1e-3, "the loss must not be saturated on this batch"
+    for g_trl, g_ours in zip(trl_grads, torch.autograd.grad(ours, params)):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-6, rtol=1e-4)

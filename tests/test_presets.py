@@ -229,7 +229,8 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     instead of 16 (batch_size 128 -> 96), its reward-hack run keeping 8 (hack_prompts, on every preset what its
     batch_size // 2 gave before), each lesson's effects re-checked on seeds 0-2; lesson 05 gained its clip probe
     (the clip_probe_* knobs, 2026-11-30) and its GPU runs train 26 steps instead of 28, which pays for it; lesson 03
-    gained preference_losses (2026-11-30: the losses section 9 trains beside DPO; none on t4-16g, two on 24g/80g)."""
+    gained preference_losses (2026-11-30: the losses section 9 trains beside DPO; none on t4-16g, two on 24g/80g;
+    KTO joined them on 2026-11-30 in place of APO-zero on 24g/80g)."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
     got = {}

@@ -28,6 +28,16 @@ def dpo_config(cfg, output_dir, **overrides):
                         **overrides})
 
 
+def kto_config(cfg, output_dir, **overrides):
+    """``trl.KTOConfig`` for a resolved lesson-03 preset, as :func:`dpo_config` (``beta``, ``max_length``, the preset's
+    learning rate, not KTOConfig's 1e-6) with the reference log-probabilities computed once before training.
+    ``overrides``: any KTOConfig field."""
+    from trl import KTOConfig
+
+    return KTOConfig(**{**trainer_kwargs(cfg, output_dir), "beta": cfg.beta, "max_length": cfg.max_length,
+                        "precompute_ref_log_probs": True, **overrides})
+
+
 # ----------------------------------------------------------------------------- batches
 def tokenize_pair(tokenizer, pair: dict) -> dict:
     """Token ids of a conversational preference example, split as TRL splits them.

@@ -3,7 +3,8 @@ from .tiers import ALL_LINEAR as ALL
 from .tiers import DATASETS, MODELS
 
 BETAS = [0.01, 0.1, 0.5]
-LOSSES = ["ipo", "apo_zero", "sigmoid_norm"]   # DPOTrainer loss_types trained beside DPO, on the same pairs
+LOSSES = ["ipo", "apo_zero", "sigmoid_norm", "kto"]   # trained beside DPO on the same pairs (kto: KTOTrainer, unpaired)
+GPU_LOSSES = ["ipo", "kto"]                            # a target margin, and labels without pairs
 
 KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
@@ -26,7 +27,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "warmup_ratio":           (0.05,  0.05,   0.05,   0.05),
     "beta":                   (0.5,   0.1,    0.1,    0.1),     # tiny: the sweep's largest, the least KL
     "betas":                  (BETAS, BETAS,  BETAS,  BETAS),   # the beta sweep
-    "preference_losses":      (LOSSES, [],    LOSSES[:2], LOSSES[:2]),  # section 9, against DPO (cut to fit an hour)
+    "preference_losses":      (LOSSES, [],    GPU_LOSSES, GPU_LOSSES),  # section 9, against DPO (cut to fit an hour)
     "use_lora":               (False, True,   True,   True),    # LoRA: the reference is the adapter disabled
     "lora_r":                 (16,    16,     16,     16),
     "lora_alpha":             (32,    32,     32,     32),

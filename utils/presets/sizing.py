@@ -173,7 +173,7 @@ def _lesson03(p, one):
             _eval(p, p["n_prompts"], "preference sampling", ("03", "preference sampling"), samples=p["n_samples"]),
             _eval(p, p["n_heldout"], "preference sampling, held out", ("03", "preference sampling"),
                   samples=p["n_samples"]),
-            _op("DPOTrainer runs", (runs + losses) * p["max_steps"], ("03", "DPO train"),
+            _op("DPOTrainer and KTOTrainer runs", (runs + losses) * p["max_steps"], ("03", "DPO train"),
                 [training(2 * pairs, p["max_length"], p["gradient_checkpointing"])]),
             _op("the hand-written DPO loop (reference forward each step)", p["max_steps"], ("03", "DPO train"),
                 [training(2 * p["batch_size"], p["max_length"], False), forward(2 * p["batch_size"], p["max_length"])],
@@ -183,7 +183,12 @@ def _lesson03(p, one):
                       * p["n_heldout"]) * 2, p["max_length"],
                      ("03", "DPO train"), step, p["eval_batch_size"]),
             _eval(p, p["n_heldout"], "KL to the reference: samples", ("03", "preference sampling"),
-                  calls=len(p["betas"]) + losses)]
+                  calls=len(p["betas"]) + losses)] + ([
+            _op("KTOTrainer: its KL term's answers, forward only", p["max_steps"], ("03", "DPO train"),
+                [forward(2 * pairs, p["max_length"])], scale=1 / 3),
+            _scoring(p, "KTOTrainer: reference log-probabilities of its KL term's answers", 2 * p["n_prompts"],
+                     p["max_length"], ("03", "DPO train"), step, p["eval_batch_size"])]
+            if "kto" in p["preference_losses"] else [])
 
 
 def _lesson04(p, one):

@@ -104,3 +104,24 @@ def preference_loss(chosen_logratios, rejected_logratios, chosen_lengths, reject
     if loss_type == "sigmoid_norm":
         return -F.logsigmoid(beta * per_token)
     raise ValueError(f"unknown loss_type {loss_type!r}: expected 'ipo', 'apo_zero' or 'sigmoid_norm'")
+
+
+# ----------------------------------------------------------------------------- 03-kto
+def kto_loss(logratios, labels, kl_logratios, beta, desirable_weight=1.0, undesirable_weight=1.0):
+    """KTOTrainer's loss (loss_type="kto"), one loss per answer.
+
+    Args:
+        logratios: (B,) float, r = log pi(y|x) - log pi_ref(y|x) of each answer, summed over its tokens.
+        labels: (B,) bool or 0/1 int, true where the answer is desirable.
+        kl_logratios: (M,) float, the same log-ratio of mismatched (prompt, answer) pairs: the KL estimate's samples.
+        beta: float > 0.
+        desirable_weight, undesirable_weight: float, lambda_D and lambda_U.
+    Returns:
+        (B,) float. With z0 = max(0, mean(kl_logratios)), a constant (no gradient flows into kl_logratios):
+        desirable_weight * (1 - sigmoid(beta (r - z0))) where labels is true,
+        undesirable_weight * (1 - sigmoid(beta (z0 - r))) where it is false.
+    """
+    z0 = kl_logratios.mean().clamp(min=0).detach()
+    desirable = desirable_weight * (1 - torch.sigmoid(beta * (logratios - z0)))
+    undesirable = undesirable_weight * (1 - torch.sigmoid(beta * (z0 - logratios)))
+    return torch.where(torch.as_tensor(labels, device=logratios.device).bool(), desirable, undesirable)
