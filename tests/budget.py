@@ -31,19 +31,19 @@ import pytest
 PARTS = {
     "lesson executions": (590, ()),                     # what the session still waited for them (tests/lesson_runs.py)
     "lesson record tests and nbval": (10, ()),
-    "labs validated (labs, handout)": (150, ("tests/test_labs.py", "tests/test_handout.py")),
-    "classes graded (grader, red team)": (290, ("tests/test_grade.py", "tests/test_redteam.py", "tests/test_speed.py",
-                                                "tests/test_instructor_guide.py")),
-    "nbgrader and verl (side venvs)": (60, ("tests/test_nbgrader.py", "tests/test_verl*.py")),
+    "labs validated (labs, handout)": (150, ("tests/course/test_labs.py", "tests/course/test_handout.py")),
+    "classes graded (grader, red team)": (290, ("tests/course/test_grade.py", "tests/course/test_redteam.py", "tests/course/test_speed.py",
+                                                "tests/course/test_instructor_guide.py")),
+    "nbgrader and verl (side venvs)": (60, ("tests/side/test_nbgrader.py", "tests/side/test_verl*.py")),
     "side venv installs": (120, ()),                    # only on a cold cache (~/.cache/post-training-course)
-    "twins and Ctrl-C, end to end": (60, ("tests/test_twins.py", "tests/test_interrupt.py")),
+    "twins and Ctrl-C, end to end": (60, ("tests/course/test_twins.py", "tests/course/test_interrupt.py")),
     "other slow tests": (20, ()),
     "unit tests (make test-fast)": (170, ()),
 }
 # The parts but the installs sum to SUITE_BUDGET_S (a test says so). Measured from a fresh clone (docs/testing.md), the
 # lessons beside the other tests: the wait for the lessons 582 s, labs 144, classes graded 286, nbgrader and verl
 # 58, unit tests 207; the unit tests alone took 118-131 s, then about 12 s more with Qwen's real tokenizers
-# (tests/test_qwen_tokenizers.py, the Qwen cases of tests/test_agent.py).
+# (tests/course/test_qwen_tokenizers.py, the Qwen cases of tests/library/test_agent.py).
 SUITE_BUDGET_S = 25 * 60 - 150   # CI's 25 minutes, less a fresh clone's install (about 2 min 30 s)
 FAST_BUDGET_S = 3 * 60           # make test-fast, collection and start-up included (its wall time)
 FAST_UNIT_BUDGET_S = 170         # the unit tests' own times summed, over xdist's workers too (make test-fast)

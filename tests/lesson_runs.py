@@ -4,7 +4,7 @@
 time a test asks for it (the ``lesson_runs`` fixture), into one folder per session (``--lesson-runs DIR``
 keeps it; by default a temporary folder). The executed copy then serves
 
-* the record tests (``tests/test_lessonNN.py``: ``lesson_runs.records("04")``), and
+* the record tests (``tests/lessons/test_lessonNN.py``: ``lesson_runs.records("04")``), and
 * nbval: ``notebooks/NN_*.ipynb`` are collected as nbval's own items, one per code cell, whose outputs are
   compared, by nbval's ``compare_outputs`` with ``tests/nbval_sanitize.cfg``, with the same cell of that
   one execution instead of a second one. As with ``--nbval-lax``, only cells marked
@@ -21,7 +21,7 @@ passively (``OMP_WAIT_POLICY=PASSIVE``: OpenMP's spinning threads otherwise take
 Two at a time pays on 2 cores because the tiny model's small operations keep a second thread half idle:
 lessons 09, 06 and 08 took 273 s two at a time against 316 s one after the other, measured back to back.
 Ctrl-C (or the session's end) stops the background executions and their kernels. The GPU presets' rehearsals
-(``tests/test_rehearsal.py``, ``utils.course.rehearsal``) are jobs of the same pool (``"04@24g"``), after the
+(``tests/lessons/test_rehearsal.py``, ``utils.course.rehearsal``) are jobs of the same pool (``"04@24g"``), after the
 lessons.
 """
 from __future__ import annotations
@@ -341,7 +341,7 @@ def pytest_collect_file(file_path, parent):
 
 def lesson_of(item) -> str | None:
     """The lesson ("04") whose execution a test item reads: nbval's cells of notebooks/NN_*.ipynb and the record
-    tests of tests/test_lessonNN.py; the rehearsal ("04@24g") a test of tests/test_rehearsal.py reads; None for any
+    tests of tests/lessons/test_lessonNN.py; the rehearsal ("04@24g") a test of tests/lessons/test_rehearsal.py reads; None for any
     other test."""
     if isinstance(item, ReplayedCell):
         return lesson_number(item.path)

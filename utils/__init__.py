@@ -20,7 +20,7 @@ __all__ = ["headline", "record", "read_records", "show_records"]
 # - bitsandbytes' optional CPU kernel lives on the Hub; without it bitsandbytes uses its own
 #   implementation (same results), and says so at every import;
 # - TRL calls `rollout_func` experimental at every GRPOTrainer; lesson 04 explains why the tiny
-#   preset passes one (utils.rl.decode_rollout) and tests/test_rl.py checks it.
+#   preset passes one (utils.rl.decode_rollout) and tests/library/test_rl.py checks it.
 _warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 _warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 _warnings.filterwarnings("ignore", message="`gradient_checkpointing_(enable|disable)` is deprecated",

@@ -2,7 +2,7 @@
 
 Each function computes what verl 0.9.1 computes (``verl/trainer/ppo/core_algos.py``,
 ``verl/utils/torch_functional.py``, ``apply_kl_penalty`` in ``verl/trainer/ppo/ray_trainer.py``),
-written out so that a student can read it top to bottom; ``tests/test_verl.py`` runs verl's own
+written out so that a student can read it top to bottom; ``tests/side/test_verl.py`` runs verl's own
 functions on the same inputs in the verl test venv and asserts equality to 1e-5. GAE itself is
 lesson 07's graded exercise (``gae``), so it is not here.
 

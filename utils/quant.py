@@ -3,7 +3,7 @@
 Every scheme maps float weights to a few bits plus the float *scales* needed to map back; the
 lesson writes the quantizers (absmax, zero-point, block-wise int8, NF4, double quantization;
 their answers are in ``utils/solutions/lesson06.py``, checked against bitsandbytes by
-``tests/test_quant.py``). What the lesson uses around them is here:
+``tests/library/test_quant.py``). What the lesson uses around them is here:
 
 * :data:`NF4_CODE`: the 16 values of 4-bit NormalFloat (quantiles of a normal distribution, with
   an exact 0), bitsandbytes' code book;

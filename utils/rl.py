@@ -20,7 +20,7 @@ One GRPO step, as TRL 1.16 computes it (``trl/trainer/grpo_trainer.py``):
    ``loss_type`` offers (``"grpo"``, ``"bnpo"``, ``"dr_grpo"``, ``"dapo"``: lesson 04's
    ``aggregate_loss``). Log-probabilities come from :func:`per_token_logps`.
 
-The lessons' answers are in ``utils/solutions/lesson04.py`` and ``lesson05.py``; ``tests/test_rl.py``
+The lessons' answers are in ``utils/solutions/lesson04.py`` and ``lesson05.py``; ``tests/library/test_rl.py``
 checks them (value and gradient) against the loss the trainer itself computes on real generations,
 with TRL's defaults: ``multi_objective_aggregation="sum_then_normalize"``,
 ``importance_sampling_level="token"``, no vLLM importance-sampling correction, no entropy mask or

@@ -53,7 +53,7 @@ def tokenize_sft_example(tokenizer, messages: list[dict], max_length: int) -> di
     sequence ends at the ``<|im_end|>`` that closes the last assistant turn. On the tiny model's
     template (and on Qwen3's) these are exactly lesson 01's hand-made labels; with TRL's training
     version of Qwen2.5's template the mask also covers the line break after
-    ``<|im_start|>assistant`` (``tests/test_sft.py`` checks both).
+    ``<|im_start|>assistant`` (``tests/library/test_sft.py`` checks both).
 
     Args:
         tokenizer: a tokenizer with a chat template.

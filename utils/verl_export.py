@@ -18,7 +18,7 @@ It needs three things from us, all produced here without importing verl:
   ``compute_score(data_source, solution_str, ground_truth, extra_info)`` is the sum of the TRL
   rewards ``correctness_reward + format_reward``. The folder can be copied to a cluster as is.
 * the ``python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo ...`` command line
-  (:func:`main_ppo_command`), every key checked against verl's config by ``tests/test_verl.py``.
+  (:func:`main_ppo_command`), every key checked against verl's config by ``tests/side/test_verl.py``.
 
 Written and tested against verl 0.9.1 (``tests/verl/requirements.txt``). In that version the
 custom reward is ``reward.custom_reward_function.path``: the older top-level

@@ -1,4 +1,4 @@
-"""Run in the nbgrader venv (tests/test_nbgrader.py): ``nbgrader generate_assignment`` for several assignments
+"""Run in the nbgrader venv (tests/side/test_nbgrader.py): ``nbgrader generate_assignment`` for several assignments
 in one process, through nbgrader's own API (``NbGraderAPI.generate_assignment``, what the command line runs).
 
 Usage: python generate.py COURSE_DIR ASSIGNMENT [ASSIGNMENT ...]; prints one JSON line: assignment ->

@@ -1,6 +1,6 @@
 """Run verl 0.9.1's own PPO / REINFORCE++ functions on given tensors. Runs in the verl venv, not the lesson venv.
 
-Started by ``tests/test_verl.py`` as ``<verl venv>/bin/python check_core_algos.py spec.json out.json`` from a
+Started by ``tests/side/test_verl.py`` as ``<verl venv>/bin/python check_core_algos.py spec.json out.json`` from a
 scratch folder (the repository's ``utils`` is not importable here, so nothing of ours is compared with
 itself). ``spec.json`` holds the inputs as nested lists of floats; ``out.json`` gets verl's outputs:
 

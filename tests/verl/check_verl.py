@@ -1,6 +1,6 @@
 """Feed our verl export through verl's own code. Runs in the verl venv, not the lesson venv.
 
-Started by ``tests/test_verl.py`` as ``<verl venv>/bin/python check_verl.py spec.json out.json``
+Started by ``tests/side/test_verl.py`` as ``<verl venv>/bin/python check_verl.py spec.json out.json``
 from a scratch folder (so that the repository's ``utils`` package is NOT importable: the reward
 module must stand alone). ``spec.json`` holds:
 

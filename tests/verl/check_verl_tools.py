@@ -1,7 +1,7 @@
 """Feed lesson 09's verl export (the calculator task for verl's multi-turn agent loop) through verl's own code.
 Runs in the verl venv, not the lesson venv.
 
-Started by ``tests/test_verl_tools.py`` as ``<verl venv>/bin/python check_verl_tools.py spec.json out.json`` from a
+Started by ``tests/side/test_verl_tools.py`` as ``<verl venv>/bin/python check_verl_tools.py spec.json out.json`` from a
 scratch folder, with the export folder (``utils.verl_export.export_tool_task``) on ``sys.path`` as verl needs it.
 ``spec.json`` holds ``export_dir``, ``command`` (the ``main_ppo`` line with ``utils.verl_export.tool_overrides``),
 ``calls`` (argument dicts to execute) and ``hydra_dir``. With verl 0.9.1's functions:

@@ -12,5 +12,5 @@
 * ``tiny``                 -- building the embedded tiny model
 
 Dependencies point one way: these modules import the lesson modules of ``utils`` (``presets``,
-``records``, ``sft``, ...), never the reverse (``tests/test_layout.py`` checks the import graph).
+``records``, ``sft``, ...), never the reverse (``tests/course/test_layout.py`` checks the import graph).
 """

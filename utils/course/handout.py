@@ -2,8 +2,10 @@
 
 Usage (from the repository root)::
 
-    python -m utils handout --out ../week4 --withhold 04                 # every lab; lesson 04's answers out
-    python -m utils handout --out ../week4 --withhold 04 --labs 01 02 03 04
+    python -m utils handout --out ../week4 --withhold 04 --labs 01 02 03 04   # labs 01-04; lesson 04's answers out
+    python -m utils handout --out ../week9 --withhold 09                       # every lab; lesson 09's answers out
+
+(Withholding 04 with every lab is refused: labs 05 and 07 import lesson 04's answers; the refusal says so.)
 
 The handout holds the labs (student editions), the modules of ``utils/`` that the labs, the runner
 (``python -m utils run``) and the answers it holds import, followed through every import

@@ -10,7 +10,7 @@ a notebook records. A kernel that is alive but never answers within the start ti
 respond in N seconds``) is started again too: no cell has run then either.
 
 Used by ``utils run`` (lessons, and so the tests' lesson executions, which nbval reads), the grader's
-worker (grading runs) and ``tests/test_records.py``'s own kernel.
+worker (grading runs) and ``tests/library/test_records.py``'s own kernel.
 
 Ctrl-C. A kernel runs in a session of its own (jupyter_client starts it so), so the terminal's SIGINT reaches
 only this process; and nbclient, while it runs a notebook in the main thread, answers SIGINT by shutting the

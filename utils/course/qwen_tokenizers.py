@@ -15,7 +15,7 @@ can be downloaded, so this module builds the same tokenizers from published part
   ``eos_token`` although their ``config.json`` says 151643 (QwenLM/Qwen3 issue #1422); the tokenizer is what
   templates and TRL read, so it is what is built here.
 
-``tests/test_qwen_tokenizers.py`` checks the result against published encodings (transformers' own Qwen2
+``tests/course/test_qwen_tokenizers.py`` checks the result against published encodings (transformers' own Qwen2
 tokenizer integration test) and ids. A tokenizer is built once (about ten seconds: the merges are derived
 from the ranks) and saved under ``~/.cache/post-training-course/tokenizers/`` (or ``$COURSE_TOKENIZER_CACHE``)::
 

@@ -4,7 +4,7 @@
 Each row: the lesson's title (its header's first line), its lab and its answered notebook, the time its
 committed ``tiny`` run took (the notebook's ``NN/wall_seconds`` record), the estimated upper bound on a T4
 (``t4-16g``) and an RTX 4090 (``24g``) (:func:`utils.presets.estimate`, docs/gpu.md), and the lab's Colab link.
-Nothing in the table is typed by hand, so it cannot fall behind a lesson; ``tests/test_readme.py`` holds it to
+Nothing in the table is typed by hand, so it cannot fall behind a lesson; ``tests/course/test_readme.py`` holds it to
 what this module writes. The exercise index (:func:`exercise_index`) lists every exercise: its lesson section,
 the functions it asks for, its graded check and points, the test files that exercise those functions, and the
 later labs that import its reference answer (so a handout's refusals are predictable).
@@ -121,7 +121,7 @@ def exercise_index(student: bool = False, selected: list[Path] | None = None) ->
     paths = selected or labs.lesson_paths()
     users = _users(labs.lesson_paths())
     tests = {p.relative_to(REPO_ROOT).as_posix(): p.read_text(encoding="utf-8")
-             for p in sorted((REPO_ROOT / "tests").glob("test_*.py"))} if not student else {}
+             for p in sorted((REPO_ROOT / "tests").rglob("test_*.py"))} if not student else {}
     lines = ["# Exercises", "",
              "Every exercise of the labs, in order. Each asks for the functions named, in its answer cell; the graded "
              "check right after it gives the points (the grader re-runs it with hidden tests, which the check names). "

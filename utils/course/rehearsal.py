@@ -24,7 +24,7 @@ in the same folder, so the code that finds and reuses checkpoints and saved mode
     python -m utils rehearse --preset t4-16g 24g 80g [--lessons 04 09] [--resume] [--out runs/rehearsal]
 
 A rehearsal says nothing about quality or speed (the model is random); it catches a lesson that assumes the tiny
-tokenizer, its template, its dataset or the CPU. ``tests/test_rehearsal.py`` runs it in ``make test``.
+tokenizer, its template, its dataset or the CPU. ``tests/lessons/test_rehearsal.py`` runs it in ``make test``.
 """
 from __future__ import annotations
 

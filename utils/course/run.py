@@ -60,7 +60,7 @@ KERNEL_ENV_DEFAULTS = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": "0"}  # set unless
 # still splits a matrix product's sums by the number of threads it runs, and MKL chooses that number from the
 # machine's cores: on a 2-core Xeon with AVX-512 and AMX, lesson 01's losses moved in the sixth digit and the RL
 # runs of lessons 04 and 07 ended elsewhere. Its strict mode (",STRICT") sums in one order on any number of
-# threads (tests/test_run.py shows it), at no measured cost (lesson 08: 71.7 s strict, 72.3 s plain); with it
+# threads (tests/course/test_run.py shows it), at no measured cost (lesson 08: 71.7 s strict, 72.3 s plain); with it
 # that Xeon reproduced lessons 01 and 08's committed records exactly and kept the others' training runs, but
 # not every last digit (docs/testing.md). A run whose preset is
 # not a named GPU preset (tiny, auto) is pinned; a named GPU preset is not: it computes on its card, its CPU

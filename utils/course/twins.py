@@ -20,7 +20,7 @@ steps, with the models the lesson keeps resident at that point::
 
 writes one record per lesson (phases with ``peak_gb`` = ``torch.cuda.max_memory_reserved`` and
 ``seconds`` per step or per batch; the lesson's peak and its extrapolated training time) and
-the preset's parameters it measured, so ``tests/test_twins.py`` can tell when a preset changed
+the preset's parameters it measured, so ``tests/course/test_twins.py`` can tell when a preset changed
 after it was measured. The committed figures are in ``utils/assets/twin-measurements.json``.
 """
 from __future__ import annotations

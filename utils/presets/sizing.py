@@ -29,7 +29,7 @@ TOOL_PROMPT_TOKENS = 215  # what offering the calculator adds to a Qwen prompt (
 
 # Lessons still over the budget on a card after the presets were cut to a session (2026-11-28), with the minutes they
 # were estimated at then: their RL runs (lesson 08: its beam searches) take most of it, and fewer steps would leave
-# their comparisons nothing to compare (docs/gpu.md). tests/test_sizing.py holds every other lesson to
+# their comparisons nothing to compare (docs/gpu.md). tests/library/test_sizing.py holds every other lesson to
 # the budget and these to their minutes: an estimate may only go down, and this list only shrink.
 OVER_BUDGET = {
     ("04", "24g"): 75,

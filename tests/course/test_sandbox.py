@@ -2,7 +2,7 @@
 
 Every test runs a few lines of Python in a sandbox as the grader makes it (``sandbox.command``)
 and checks the outcome from outside. None skips: without ``bwrap`` they fail with the way to
-install it (``make setup`` does). The red-team class graded end to end is ``tests/test_redteam.py``.
+install it (``make setup`` does). The red-team class graded end to end is ``tests/course/test_redteam.py``.
 """
 import dataclasses
 import json

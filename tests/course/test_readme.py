@@ -49,7 +49,7 @@ def test_the_exercise_index_is_the_lessons():
     every = [e for p in sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)) for e in readme.exercises(p)]
     assert all(text.count(f"| `{e['exercise']}` |") == 1 and e["points"] > 0 for e in every)
     assert "| `04-group-advantages` | 3. Group-relative advantages | `group_advantages` | group-relative advantages | " \
-           "3 | `tests/test_rl.py`, `tests/test_verl.py` | 05, 07 |" in text
+           "3 | `tests/library/test_rl.py`, `tests/side/test_verl.py` | 05, 07 |" in text
     student = readme.exercise_index(student=True)
     assert "tests/" not in student and "| `04-group-advantages` |" in student
 

@@ -1,7 +1,7 @@
 """Lesson 09's scale-out: the calculator task for verl's multi-turn agent loop, accepted by verl's own code.
 
 The fast tests check ``utils.verl_export.export_tool_task`` / ``tool_overrides`` in the lesson venv; the ``slow``
-one runs ``tests/verl/check_verl_tools.py`` in the verl venv (``tests/test_verl.py`` builds it): verl 0.9.1's tool
+one runs ``tests/verl/check_verl_tools.py`` in the verl venv (``tests/side/test_verl.py`` builds it): verl 0.9.1's tool
 registry builds the calculator from the exported tool config and runs calls through it, ``main_ppo`` accepts the
 multi-turn overrides, and ``RLHFDataset`` reads the rows with their ``agent_name`` and tool arguments.
 verl's ``ToolAgentLoop`` itself is not run: it needs an inference server (uvicorn, fastapi) the venv leaves out.
@@ -15,7 +15,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_verl import INSTALL_TIMEOUT, REQUIREMENTS, VERL_DIR, verl_env
+from tests.side.test_verl import INSTALL_TIMEOUT, REQUIREMENTS, VERL_DIR, verl_env
 from utils import data, verl_export
 from utils.constants import TINY_MODEL_DIR as TINY
 from utils.tools import calculator

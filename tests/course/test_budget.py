@@ -7,14 +7,14 @@ pytest_plugins = ["pytester"]
 
 
 def test_each_test_goes_to_one_part_by_its_markers_and_file():
-    assert budget.part_of("tests/test_lesson04.py", {"lesson": 1}) == "lesson record tests and nbval"
+    assert budget.part_of("tests/lessons/test_lesson04.py", {"lesson": 1}) == "lesson record tests and nbval"
     assert budget.part_of("notebooks/04_grpo.ipynb", {"lesson": 1}) == "lesson record tests and nbval"
-    assert budget.part_of("tests/test_labs.py", {"slow": 1}) == "labs validated (labs, handout)"
-    assert budget.part_of("tests/test_redteam.py", {"slow": 1}) == "classes graded (grader, red team)"
-    assert budget.part_of("tests/test_verl_tools.py", {"slow": 1}) == "nbgrader and verl (side venvs)"
-    assert budget.part_of("tests/test_labs.py", {}) == budget.UNIT, "a test that is not slow is a unit test"
-    assert budget.part_of("tests/test_sft.py", {"slow": 1}) == "other slow tests", "make test-fast leaves it out"
-    assert budget.part_of("tests/test_twins.py", {"slow": 1}) == "twins and Ctrl-C, end to end"
+    assert budget.part_of("tests/course/test_labs.py", {"slow": 1}) == "labs validated (labs, handout)"
+    assert budget.part_of("tests/course/test_redteam.py", {"slow": 1}) == "classes graded (grader, red team)"
+    assert budget.part_of("tests/side/test_verl_tools.py", {"slow": 1}) == "nbgrader and verl (side venvs)"
+    assert budget.part_of("tests/course/test_labs.py", {}) == budget.UNIT, "a test that is not slow is a unit test"
+    assert budget.part_of("tests/library/test_sft.py", {"slow": 1}) == "other slow tests", "make test-fast leaves it out"
+    assert budget.part_of("tests/course/test_twins.py", {"slow": 1}) == "twins and Ctrl-C, end to end"
     assert set(budget.PARTS) >= {budget.UNIT, *budget.MOVED_FROM, *budget.MOVED_FROM.values()}
 
 
@@ -26,17 +26,17 @@ def test_the_parts_budgets_add_up_to_the_suites():
 
 def test_work_noted_apart_leaves_the_part_that_started_it():
     b = budget.Breakdown()
-    b.add("tests/test_lesson01.py", {"lesson": 1}, 130.0)   # the first test of lesson 01 executed it
+    b.add("tests/lessons/test_lesson01.py", {"lesson": 1}, 130.0)   # the first test of lesson 01 executed it
     b.add("notebooks/01_sft.ipynb", {"lesson": 1}, 2.0)
-    b.add("tests/test_nbgrader.py", {"slow": 1}, 70.0)
-    b.add("tests/test_sft.py", {}, 9.0)
+    b.add("tests/side/test_nbgrader.py", {"slow": 1}, 70.0)
+    b.add("tests/library/test_sft.py", {}, 9.0)
     parts = b.parts({"lesson executions": 125.0, "side venv installs": 40.0})
     assert parts == {"lesson executions": 125.0, "lesson record tests and nbval": 7.0,
                      "nbgrader and verl (side venvs)": 30.0, "side venv installs": 40.0, budget.UNIT: 9.0}
     lines, over = b.report({"lesson executions": 125.0, "side venv installs": 40.0},
                            {"lesson executions": [("lesson 01", 125.0)]})
     assert any("lesson 01" in line for line in lines) and not over
-    b.add_cpu("tests/test_sft.py", {}, 8.5)
+    b.add_cpu("tests/library/test_sft.py", {}, 8.5)
     lines, over = b.report({"lesson executions": 125.0}, {"lesson executions": [("lesson 01", 125.0, 190.0)]},
                            {"lesson executions": 190.0})
     (row,) = [line.split() for line in lines if line.startswith("unit tests")]

@@ -34,6 +34,23 @@ def test_refuses_a_lab_that_needs_a_withheld_answer(tmp_path):
     assert not (tmp_path / "out").exists(), "a refused handout writes nothing"
 
 
+def test_the_docstrings_usage_examples_plan_without_a_refusal():
+    """Each `python -m utils handout` line of handout.py's usage is accepted as written (the example withholding 04
+    with every lab was refused once: labs 05 and 07 import lesson 04's answers)."""
+    def values(words, flag):
+        if flag not in words:
+            return None
+        rest = words[words.index(flag) + 1:]
+        return rest[:next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
+
+    commands = [line.split("#")[0].split() for line in handout.__doc__.splitlines()
+                if line.strip().startswith("python -m utils handout")]
+    assert len(commands) >= 2
+    for words in commands:
+        included, withheld = handout._plan(values(words, "--withhold") or [], values(words, "--labs"))
+        assert included and withheld, words
+
+
 def test_refuses_to_write_into_the_repository_or_over_a_folder(tmp_path):
     with pytest.raises(handout.HandoutError, match="inside the course repository"):
         handout.build(REPO_ROOT / "handout", withhold=["01"], labs=["01"])
@@ -162,8 +179,8 @@ def test_a_module_missing_under_a_command_is_named_as_such(week4, tmp_path):
 def test_every_lab_validates_inside_the_handout(week4):
     """With the lesson's answers filled in, each lab of the handout passes every check using the handout's own
     utils (the kernel starts in handout/labs); with its stubs, every check fails naming its exercise. These labs
-    are validated here only (tests/test_labs.py validates the others)."""
-    from tests.test_labs import assert_every_check_fails_naming_its_exercise, assert_every_check_passes
+    are validated here only (tests/course/test_labs.py validates the others)."""
+    from tests.course.test_labs import assert_every_check_fails_naming_its_exercise, assert_every_check_passes
 
     def validate(args):
         lesson_path, invert = args

@@ -233,10 +233,10 @@ def test_stale_labs_and_solutions_are_detected(tmp_path):
     assert "09_gone.ipynb: no lesson of that name" in labs.stale(*dirs)
 
 
-# Each lab is validated once: those of the handout in tests/test_handout.py (inside the handout, on its own utils/),
+# Each lab is validated once: those of the handout in tests/course/test_handout.py (inside the handout, on its own utils/),
 # the others here, in the repository.
 def not_in_the_handout():
-    from tests.test_handout import LABS
+    from tests.course.test_handout import LABS
 
     return [p.name[:2] for p in labs.lesson_paths() if p.name[:2] not in LABS]
 
@@ -255,7 +255,7 @@ def assert_every_check_fails_naming_its_exercise(result):
 
 
 def test_every_lab_is_validated_once():
-    from tests.test_handout import LABS
+    from tests.course.test_handout import LABS
 
     assert sorted([*LABS, *not_in_the_handout()]) == sorted(p.name[:2] for p in labs.lesson_paths())
     assert not_in_the_handout(), "the repository's own validation keeps at least one lab (lesson 05 needs 04)"

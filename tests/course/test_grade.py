@@ -15,7 +15,7 @@ import pytest
 from tests import grading_fixtures
 from utils.course import cells, grade, grading, labs, submissions, written
 
-EXPECTED = Path(__file__).parent / "fixtures" / "grades_01.csv"
+EXPECTED = Path(__file__).parents[1] / "fixtures" / "grades_01.csv"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 
 

@@ -221,7 +221,7 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     (tests/fixtures/resolved_presets.json, from the old utils/presets.py), resolution table included. Lesson 05's
     ttc_problems and ttc_samples left the snapshot with its test-time section (moved to lesson 08); lesson 04's tiny
     run was shortened for the suite's time budget (max_steps 20 -> 16 at learning_rate 1e-3 -> 1.25e-3, hand_steps
-    12 -> 8, sampled_eval_prompts 100 -> 50; its effects re-checked on seeds 0-2, tests/test_lesson04.py); the GPU
+    12 -> 8, sampled_eval_prompts 100 -> 50; its effects re-checked on seeds 0-2, tests/lessons/test_lesson04.py); the GPU
     tables' measured line says "random-weight stand-in" where it said "architecture twin"; the GPU presets' counts
     (steps, problems, seeds: measured.COUNT_KEYS) were cut to a session (2026-11-28, docs/gpu.md), tiny unchanged;
     for the suite's time (2026-11-29, docs/testing.md) lessons 01 and 02 train 40 tiny steps instead of 60 (01 logs every
@@ -232,7 +232,7 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     gained preference_losses (2026-11-30: the losses section 9 trains beside DPO; none on t4-16g, two on 24g/80g;
     KTO joined them on 2026-11-30 in place of APO-zero on 24g/80g)."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
-    want = json.loads((Path(__file__).parent / "fixtures" / "resolved_presets.json").read_text())
+    want = json.loads((Path(__file__).parents[1] / "fixtures" / "resolved_presets.json").read_text())
     got = {}
     for name in presets.PRESETS:
         for lesson in presets.PRESETS[name]["lessons"]:

@@ -1,5 +1,5 @@
 """The judge (utils/course/judge.py) on the smallest grading notebooks that show each of its rules; the red team
-(tests/test_redteam.py) runs the same cheats against a real lab in the sandbox."""
+(tests/course/test_redteam.py) runs the same cheats against a real lab in the sandbox."""
 import runpy
 
 import nbformat

@@ -16,8 +16,8 @@ import pytest
 
 from utils.course import cells, labs
 
-REQUIREMENTS = Path(__file__).parent / "nbgrader" / "requirements.txt"
-GENERATE = Path(__file__).parent / "nbgrader" / "generate.py"
+REQUIREMENTS = Path(__file__).parents[1] / "nbgrader" / "requirements.txt"
+GENERATE = Path(__file__).parents[1] / "nbgrader" / "generate.py"
 INSTALL_TIMEOUT = 900   # seconds; about 40 s on 2 cores
 
 

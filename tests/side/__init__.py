@@ -1,0 +1,1 @@
+"""Side environments: nbgrader and verl, each in its own pinned venv."""
