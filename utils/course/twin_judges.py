@@ -48,6 +48,7 @@ def lesson07(cfg, tokenizer, out, steps, resolve=presets.resolve):
 
     from datasets import Dataset
     from peft import LoraConfig
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
     from trl import RewardConfig, RewardTrainer
 
@@ -71,7 +72,7 @@ def lesson07(cfg, tokenizer, out, steps, resolve=presets.resolve):
     ns = _lesson_cells("07_reward_models_ppo.ipynb", ["rl-setup", "rl-loop"], {
         "cfg": cfg, "tokenizer": tokenizer, "torch": torch, "time": time, "random": random, "runtime": runtime,
         "data": data, "rewards": rewards, "LoraConfig": LoraConfig, "AutoModelForCausalLM": AutoModelForCausalLM,
-        "SEED": 0, "sft_dir": cfg.model, "sft_model": sft_model, "gae": gae,
+        "SEED": 0, "sft_dir": cfg.model, "sft_model": sft_model, "gae": gae, "tqdm": tqdm,
         "reward_model": trainer.model, "orm": torch.nn.Module()})     # the twin trains no outcome reward model
     ns["rl_problems"] = problems(tokenizer, cfg.rl_prompts * steps)        # GSM8K-length prompts
     with phases("PPO iteration", "iteration", count=steps):
