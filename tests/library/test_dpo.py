@@ -52,20 +52,26 @@ def _pairs(n=4):
     return rows
 
 
+def _policy_and_reference(move: str):
+    """The tiny model in float64 and a frozen copy of it, the first layer of one of them ("policy" or "reference")
+    moved by seeded noise (0.05 per weight). float64: TRL scores with its fused output layer (chunked log-softmax),
+    lesson 03 with full logits; in float32 the two (sums in different orders) differed by 3.3e-6 here and by 3.3e-5 in
+    one CI run, against a tolerance of 1e-5. In float64 only lesson 03's own fp32 cast of the logits rounds: 1.4e-6."""
+    model, tok = tiny.load()
+    model = model.double()
+    ref = copy.deepcopy(model).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in (model if move == "policy" else ref).model.layers[0].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model, ref, tok
+
+
 @pytest.fixture(scope="module")
 def trl_setup(tmp_path_factory):
     from trl import DPOConfig, DPOTrainer
 
-    model, tok = tiny.load()
-    # float64: TRL scores with its fused output layer (chunked log-softmax), lesson 03 with full logits; in float32
-    # the two (sums in different orders) differed by 3.3e-6 here and by 3.3e-5 in one CI run, against a tolerance of
-    # 1e-5. In float64 only lesson 03's own fp32 cast of the logits rounds: 1.4e-6.
-    model = model.double()
-    ref = copy.deepcopy(model).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():  # move the policy away from the reference so the loss is not log 2
-        for p in model.model.layers[0].parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model, ref, tok = _policy_and_reference(move="policy")   # moved away from the reference: the loss is not log 2
     args = DPOConfig(output_dir=str(tmp_path_factory.mktemp("dpo")), beta=0.3, per_device_train_batch_size=4,
                      max_steps=1, report_to="none", bf16=False, use_cpu=True, activation_checkpointing=False,
                      max_length=None)
@@ -106,6 +112,16 @@ def test_loss_matches_trl_dpo_trainer(trl_setup):
     assert logged["rewards/margins"][-1] == pytest.approx((chosen_rewards - rejected_rewards).mean().item(), abs=1e-5)
 
 
+def assert_same_unsaturated_grads(model, trl_loss, our_loss):
+    """The gradients of TRL's loss and ours with respect to every trainable parameter: equal (atol 1e-6, rtol 1e-4),
+    and not vanishing (the loss is not saturated on the batch, so equality says something)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    trl_grads = torch.autograd.grad(trl_loss, params)
+    assert max(g.abs().max().item() for g in trl_grads) > 1e-3, "the loss must not be saturated on this batch"
+    for g_trl, g_ours in zip(trl_grads, torch.autograd.grad(our_loss, params, retain_graph=True)):
+        torch.testing.assert_close(g_ours, g_trl, atol=1e-6, rtol=1e-4)
+
+
 # The policy is far from the reference here (log-ratios of -130 to -260 nats): APO-zero's sigmoids of beta * c saturate
 # at beta 0.3 (loss 1, gradient 1e-17), so it is compared at a beta where they do not.
 LOSS_BETAS = {"ipo": 0.3, "apo_zero": 0.005, "sigmoid_norm": 0.3}
@@ -144,11 +160,7 @@ def test_preference_losses_match_trl_dpo_trainer(trl_loss_types, trl_setup, loss
     beta = LOSS_BETAS[loss_type]
     ours = l03.preference_loss(pc - rc, pr - rr, lc, lr, beta=beta, loss_type=loss_type).mean()
     assert abs(ours.item() - trl_loss.item()) <= 1e-5, (ours.item(), trl_loss.item())
-    params = [p for p in model.parameters() if p.requires_grad]
-    trl_grads = torch.autograd.grad(trl_loss, params)
-    assert max(g.abs().max().item() for g in trl_grads) > 1e-3, "the loss must not be saturated on this batch"
-    for g_trl, g_ours in zip(trl_grads, torch.autograd.grad(ours, params)):
-        torch.testing.assert_close(g_ours, g_trl, atol=1e-6, rtol=1e-4)
+    assert_same_unsaturated_grads(model, trl_loss, ours)
     plain = l03.dpo_loss(pc, pr, rc, rr, beta=beta)[0]
     assert abs(plain.item() - ours.item()) > 1e-3, "the loss differs from DPO's on this batch"
 
@@ -310,13 +322,7 @@ def kto_setup(tmp_path_factory):
     is perturbed): the mismatched answers' mean log-ratio is positive, so z0 > 0 is not clamped away."""
     from trl import KTOConfig, KTOTrainer, unpair_preference_dataset
 
-    model, tok = tiny.load()
-    model = model.double()                    # as trl_setup: TRL's fused output layer against full logits
-    ref = copy.deepcopy(model).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in ref.model.layers[0].parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model, ref, tok = _policy_and_reference(move="reference")
     args = KTOConfig(output_dir=str(tmp_path_factory.mktemp("kto")), beta=KTO_BETA, desirable_weight=1.3,
                      undesirable_weight=0.7, per_device_train_batch_size=8, max_steps=1, report_to="none", bf16=False,
                      use_cpu=True, activation_checkpointing=False, max_length=None)
@@ -349,8 +355,4 @@ def test_kto_loss_matches_trl_kto_trainer(kto_setup):
     assert abs(ours.item() - trl_loss.item()) <= 1e-5, (ours.item(), trl_loss.item())
     at_zero = l03.kto_loss(logratios, batch["label"], torch.zeros(1), KTO_BETA, 1.3, 0.7).mean()
     assert abs(at_zero.item() - ours.item()) > 1e-3, "z0 changes the loss on this batch"
-    params = [p for p in model.parameters() if p.requires_grad]
-    trl_grads = torch.autograd.grad(trl_loss, params)
-    assert max(g.abs().max().item() for g in trl_grads) > 1e-3, "the loss must not be saturated on this batch"
-    for g_trl, g_ours in zip(trl_grads, torch.autograd.grad(ours, params)):
-        torch.testing.assert_close(g_ours, g_trl, atol=1e-6, rtol=1e-4)
+    assert_same_unsaturated_grads(model, trl_loss, ours)
