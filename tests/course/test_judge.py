@@ -5,6 +5,7 @@ import runpy
 import nbformat
 import pytest
 
+from utils.constants import CHECK_MESSAGE_CHARS
 from utils.course import grading
 
 judge = runpy.run_path(str(grading.JUDGE_PATH), run_name="__judge_test__")
@@ -58,13 +59,18 @@ def test_checks_pass_fail_and_keep_their_hidden_tests_to_themselves(tmp_path):
     gnb, lab = grading_nb(("def f(x):\n    return x * x\nprint('top-level: not run')\n", CHECK),
                      ("def f(x):\n    return abs(x) * 2\n", CHECK),      # visible right, hidden wrong
                      ("def f(x):\n    return x + 1\n", CHECK),           # visible wrong
-                     ("def g():\n    return 1\n", 'assert "secret" not in globals(), "a hidden test\'s name"\n'))
+                     ("def g():\n    return 1\n", 'assert "secret" not in globals(), "a hidden test\'s name"\n'),
+                     ("def g():\n    return 2\n", 'assert g() == 1, "why " * 200 + f"got {g()}"\n'),
+                     ("def g():\n    return 3\n", 'assert g() == 1, "a line\\n" * 500\n'))
     run = grading.execute(gnb, lab, tmp_path / "run", timeout=120, cell_timeout=30)
     assert run["status"] == "ok", run
     assert run["checks"]["c0"]["passed"] and run["skipped"] == [{"grade_id": "c0-answer", "lines": [3]}]
     assert run["checks"]["c1"]["message"] == "hidden test: f of a negative number (…), got …", "nothing computed"
     assert run["checks"]["c2"]["message"] == "f(2) should be 4, got 3", "the visible part says what it computed"
     assert run["checks"]["c3"]["passed"], run["checks"]["c3"]
+    assert run["checks"]["c4"]["message"] == "why " * 200 + "got 2", "a long message is kept whole"
+    cut = run["checks"]["c5"]["message"]
+    assert len(cut) == CHECK_MESSAGE_CHARS and cut.startswith("a line a line ") and cut.endswith("…"), cut[-20:]
 
 
 @pytest.mark.parametrize("answer,why", [

@@ -9,7 +9,7 @@ import html
 import json
 
 from .. import headlines
-from ..constants import META_KEYS
+from ..constants import CHECK_MESSAGE_CHARS, META_KEYS
 from . import written
 from .lessons import meta_of
 
@@ -62,7 +62,7 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
                   "Re-run by the grader on the tiny model (CPU), with your answer cells and the instructor's checks "
                   "(hidden tests included).", "", "| check | points | result |", "|---|---|---|"]
         for gid, c in checks.items():
-            verdict = "passed" if c["passed"] else "failed: " + _md_text(c["message"])
+            verdict = "passed" if c["passed"] else "failed: " + _md_text(c["message"], CHECK_MESSAGE_CHARS)
             lines.append(f"| {gid} | {c['points']} / {c['max_points']} | {verdict} |")
         lines.append("")
     issues = [f"- {i['grade_id']}: {_md_text(i['detail'])}" for i in result.get("integrity", [])]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..constants import NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, UTILS_DIR
+from ..constants import CHECK_MESSAGE_CHARS, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, UTILS_DIR
 from . import sandbox as sb
 from . import speed
 from .cells import compute_checksum, grade_id, hidden_parts, is_answer, is_check, strip_tooling_markers
@@ -181,7 +181,7 @@ def judge_spec(gnb, lab, cell_timeout: int, parameters: dict) -> dict:
         if role == "check":
             entry["segments"] = hidden_parts(cell.source, gid)
         cells.append(entry)
-    return {"cells": cells, "cell_timeout": cell_timeout}
+    return {"cells": cells, "cell_timeout": cell_timeout, "message_chars": CHECK_MESSAGE_CHARS}
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -193,8 +193,15 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def one_line(text, limit: int = CHECK_MESSAGE_CHARS) -> str:
+    """``text`` on one line (its lines joined, runs of spaces made one), at most ``limit`` characters: a longer one
+    is cut and ends in "…"."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
-    ename, evalue = str(ename)[:100], (str(evalue).strip().splitlines() or [""])[0][:300]
+    ename, evalue = one_line(ename, 100), one_line(evalue)
     if ename == "AssertionError":
         return evalue or "an assertion failed (it has no message)"
     if ename == "NotImplementedError":

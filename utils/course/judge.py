@@ -40,6 +40,7 @@ with open(_watch["__file__"], encoding="utf-8") as _f:
     _exec(_compile(_f.read(), _watch["__file__"], "exec"), _watch)
 Watch, Touched = _watch["Watch"], _watch["Touched"]
 KEPT = ("Import", "ImportFrom", "FunctionDef", "AsyncFunctionDef", "ClassDef", "Pass")
+LIMITS = {}   # "message_chars": how much of a failure's message is said (set by run() from the spec)
 
 
 # ----------------------------------------------------------------------------- answers as definitions
@@ -120,7 +121,8 @@ def _failure(error, filename, source, in_hidden):
     if in_hidden:
         ename = _builtin_name(error)
         return ename, _hidden_message(source, line or 0, own)
-    return _type(error).__name__[:100], (str(error).strip().splitlines() or [""])[0][:300]
+    text, limit = " ".join(str(error).split()), LIMITS["message_chars"]   # as grading.one_line, which checks it
+    return _type(error).__name__[:100], text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # ----------------------------------------------------------------------------- running cells
@@ -237,6 +239,7 @@ def run(spec, say):
     """Run the spec's cells in order, saying each one's start and result; the run stops when the judge is touched."""
     watch = Watch([os.path.dirname(HERE) + os.sep])
     watch.cell_timeout, watch.setup_names = spec["cell_timeout"], []
+    LIMITS["message_chars"] = int(spec["message_chars"])
     for i, cell in enumerate(spec["cells"]):
         if cell["role"] in ("answer", "check") and watch.c is None:
             watch.take(watch.setup_names, [c["source"] for c in spec["cells"] if c["role"] == "check"])
