@@ -4,6 +4,7 @@ import json
 import nbformat
 import pytest
 
+from utils.constants import SETUP_TAG
 from utils.course import cells, labs
 
 
@@ -120,6 +121,10 @@ def test_lab_of_each_lesson(lesson):
         if cells.is_grade(c) or cells.is_solution(c):
             assert c.metadata["nbgrader"]["checksum"] == cells.compute_checksum(c)
     assert n_checks >= 2 and n_answers >= 2 and 2 <= n_written <= 3
+    ran = {"parameters", SETUP_TAG}   # the cells the grader runs besides the answers: marked, and only they
+    assert [c.source.startswith(labs.SETUP_MARK + "\n") for c in lab.cells if c.cell_type == "code"] == \
+        [bool(ran & set(c.metadata.get("tags", []))) for c in lab.cells if c.cell_type == "code"]
+    assert "`# [setup] ...`" in lab.cells[1].source and labs.SETUP_MARK.startswith("# [setup] ")
     assert "Marking guide" not in text, "no marking guide in a student edition"
     assert [c.get("id") for c in lab.cells if c.get("id") != labs.INSTRUCTIONS_ID] == [c.get("id") for c in src.cells], \
         "labs keep the lesson's cell ids (the grader finds cells by them)"
@@ -152,7 +157,7 @@ def test_lab_opens_in_colab_and_clones_the_course_it_came_from(lesson, monkeypat
     assert ours.cells[1].id == labs.INSTRUCTIONS_ID and colab in ours.cells[1].source
     assert (labs.LABS_DIR / lesson.name).exists()
     setup = [c.source for c in ours.cells if 'os.environ.get("COURSE_REPO_URL", ' in c.source]
-    assert setup == [c.source for c in src.cells if 'os.environ.get("COURSE_REPO_URL", ' in c.source], \
+    assert setup == [f"{labs.SETUP_MARK}\n{c.source}" for c in src.cells if 'os.environ.get("COURSE_REPO_URL", ' in c.source], \
         "the lessons' setup cells clone the course's repository (utils.constants.COURSE_REPO)"
     assert f'"https://github.com/{COURSE_REPO}.git"' in setup[0]
     monkeypatch.setenv("COURSE_REPO", "an-instructor/our-course")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..constants import COURSE_REPO, LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SOLUTIONS_DIR
+from ..constants import COURSE_REPO, LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, SOLUTIONS_DIR
 from . import grading, solutions
 from .cells import (
     TEXT_STUB,
@@ -63,6 +63,10 @@ INSTRUCTIONS = """\
 > hand in, as self-reported results, with the preset and hardware you ran on. Hand in the
 > executed notebook, under its own name.
 >
+> **Exercises first, if you like.** A graded check needs only the cells whose first line is
+> `# [setup] ...` and the answer cells above it, never the training before it (the grader runs
+> just those): to reach an exercise without waiting for that training, run those cells, then the check.
+>
 > **Written questions** ask what *your* run showed: replace `YOUR ANSWER HERE` in the cell under
 > each one with a few sentences (double-click the cell to edit it). Your instructor marks them by hand.
 """
@@ -71,6 +75,7 @@ INSTRUCTIONS = """\
 COLAB_BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                "(https://colab.research.google.com/github/{repo}/blob/main/labs/{name}.ipynb)")
 CLONE_DEFAULT = re.compile(r'(os\.environ\.get\("COURSE_REPO_URL", )"https://github\.com/[^"]+\.git"\)')
+SETUP_MARK = "# [setup] The graded checks need this cell: run it before the exercises below."
 # ipykernel's own kernelspec (its kernel.json), which JupyterLab writes into a notebook it opens
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
@@ -127,8 +132,12 @@ def build_lab(lesson, name: str, repo: str | None = None):
             cell.metadata["editable"] = False
         if is_answer(cell) or is_written(cell) or is_check(cell):
             cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
-        elif cell.cell_type == "code" and CLONE_DEFAULT.search(cell.source):   # the setup cell
-            cell.source = CLONE_DEFAULT.sub(lambda m: f'{m.group(1)}"https://github.com/{repo}.git")', cell.source)
+        elif cell.cell_type == "code":
+            if CLONE_DEFAULT.search(cell.source):   # the setup cell
+                cell.source = CLONE_DEFAULT.sub(lambda m: f'{m.group(1)}"https://github.com/{repo}.git")',
+                                                cell.source)
+            if {SETUP_TAG, "parameters"} & set(cell.metadata.get("tags", [])):   # what the grader runs
+                cell.source = f"{SETUP_MARK}\n{cell.source}"
     instructions = nbformat.v4.new_markdown_cell(COLAB_BADGE.format(repo=repo, name=name) + "\n\n" + INSTRUCTIONS)
     instructions.id = INSTRUCTIONS_ID
     lab.cells.insert(1 if lab.cells and lab.cells[0].cell_type == "markdown" else 0, instructions)
