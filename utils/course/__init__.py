@@ -5,6 +5,8 @@
 * ``lessons``              -- finding lessons, reading what a run was, cleaning executed notebooks for commit
 * ``cells`` / ``labs``     -- the exercise contract and the student editions in ``labs/`` (``python -m utils labs``)
 * ``solutions``            -- the reference solutions in ``utils/solutions/``, written from the lessons
+* ``readme`` / ``exercise_index`` -- the README's lesson table and ``docs/exercises.md`` (what each exercise is
+  checked against, read from its check and tests), written by ``make labs``
 * ``grading`` / ``grade``  -- re-running answers and checks, and grading a class (``python -m utils grade``)
 * ``submissions`` / ``sandbox`` -- reading a class's submissions safely; the bubblewrap sandbox each one runs in
 * ``handout``              -- a student repository without the answers (``python -m utils handout``)

@@ -6,7 +6,8 @@ committed ``tiny`` run took (the notebook's ``NN/wall_seconds`` record), the est
 (``t4-16g``) and an RTX 4090 (``24g``) (:func:`utils.presets.estimate`, docs/gpu.md), and the lab's Colab link.
 Nothing in the table is typed by hand, so it cannot fall behind a lesson; ``tests/course/test_readme.py`` holds it to
 what this module writes. The exercise index (:func:`exercise_index`) lists every exercise: its lesson section,
-the functions it asks for, its graded check and points, the test files that exercise those functions, and the
+the functions it asks for, its graded check and points, the library objects its check and tests compare it with
+(derived from their code by :mod:`utils.course.exercise_index`), the test files that exercise those functions, and the
 later labs that import its reference answer (so a handout's refusals are predictable).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import nbformat
 from ..constants import LABS_DIR, NOTEBOOKS_DIR, REPO_ROOT
 from ..records import read_records
 from . import cells, labs, lessons, solutions
+from .exercise_index import NO_LIBRARY, checked_against, read_tests
 
 README = REPO_ROOT / "README.md"
 EXERCISES = REPO_ROOT / "docs" / "exercises.md"
@@ -98,7 +100,7 @@ def exercises(lesson: Path) -> list[dict]:
             name = cells.exercise_of(c)
             tree = ast.parse(solutions.answer_source(c))
             check = checks.get(name)
-            what = check.source.splitlines()[0].removeprefix("# Graded check:").strip() if check is not None else ""
+            what = check.source.splitlines()[0].removeprefix(labs.CHECK_HEAD).strip() if check is not None else ""
             found.append({"exercise": name, "section": section.replace("`", ""), "check": name if check else "",
                           "functions": [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))],
                           "points": check.metadata.nbgrader["points"] if check is not None else 0, "what": what})
@@ -116,32 +118,41 @@ def _users(paths: list[Path]) -> dict[tuple[str, str], list[str]]:
 
 
 def exercise_index(student: bool = False, selected: list[Path] | None = None) -> str:
-    """docs/exercises.md: every exercise of the lessons (``selected``: those lessons only). ``student``: the
-    handout's version, without the course's test files (a handout holds none)."""
+    """docs/exercises.md (markdown): every exercise of the lessons (``selected``: those lessons only), with what it is
+    checked against (:mod:`utils.course.exercise_index`). ``student``: the handout's version, without the course's
+    test files (a handout holds none); its "checked against" is what the graded check alone compares with, the check
+    that grades the student's answer (the course's tests check the reference answer, which the student has not)."""
     paths = selected or labs.lesson_paths()
     users = _users(labs.lesson_paths())
+    sources = read_tests() if not student else ({}, {})
+    checkers = "graded check (hidden tests included) calls to compare your answer with" if student else \
+        "graded check (hidden tests included) and the course's tests of those functions call to compare them with"
     tests = {p.relative_to(REPO_ROOT).as_posix(): p.read_text(encoding="utf-8")
              for p in sorted((REPO_ROOT / "tests").rglob("test_*.py"))} if not student else {}
     lines = ["# Exercises", "",
              "Every exercise of the labs, in order. Each asks for the functions named, in its answer cell; the graded "
              "check right after it gives the points (the grader re-runs it with hidden tests, which the check names). "
+             f"*Checked against* names the library objects that the {checkers}, as found in the code (TRL, PEFT, "
+             f"bitsandbytes, transformers, verl, PyTorch's losses); \"{NO_LIBRARY}\" where there are none. "
              "A lesson's reference answers are `utils/solutions/lessonNN.py` (not in a student's handout while its lab "
              "is graded); a later lab that imports one waits until that lesson's answers may be seen. "
              "Written by `make labs` from the lessons.", ""]
     for path in paths:
         number = lessons.lesson_number(path)
-        columns = ["exercise", "section", "write", "graded check", "points",
+        columns = ["exercise", "section", "write", "graded check", "points", "checked against",
                    *([] if student else ["its answer tested in"]), "imported by labs"]
         lines += [f"## Lesson {number}: {title(path)}", "", "| " + " | ".join(columns) + " |",
                   "| " + " | ".join("---:" if c == "points" else "---" for c in columns) + " |"]
-        for e in exercises(path):
+        found = exercises(path)
+        against = checked_against(path, found, sources)
+        for e in found:
             later = sorted({lab for f in e["functions"] for lab in users.get((f"lesson{number}", f), [])}
                            | set(users.get((f"lesson{number}", "*"), [])))
             imports = re.compile(rf"^\s*from utils\.solutions(\.lesson{number} import| import lesson{number}\b)", re.M)
             where = sorted(name for name, text in tests.items() if imports.search(text)
                            and any(re.search(rf"\b{re.escape(f)}\b", text) for f in e["functions"]))
             row = [f"`{e['exercise']}`", e["section"], ", ".join(f"`{f}`" for f in e["functions"]),
-                   e["what"] or "-", str(e["points"])]
+                   e["what"] or "-", str(e["points"]), against[e["exercise"]]]
             if not student:
                 row.append(", ".join(f"`{w}`" for w in where) or "-")
             row.append(", ".join(later) or "-")
