@@ -9,7 +9,9 @@ import logging as _logging
 import warnings as _warnings
 
 from .headlines import headline
-from .records import read_records, record, show_records
+from .records import read_records, record, register_magic, show_records
+
+register_magic()   # %%results, the first line of every lesson's results cell
 
 __all__ = ["headline", "record", "read_records", "show_records"]
 

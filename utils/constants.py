@@ -5,6 +5,7 @@ them through the modules that use them (``presets``, ``data``, ...).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 # ----------------------------------------------------------------------------- where things are
@@ -28,6 +29,8 @@ GSM8K = "openai/gsm8k"   # the Hub id of GSM8K (config "main": 7,473 train / 1,3
 # ----------------------------------------------------------------------------- notebooks
 META_KEYS = ("preset", "model", "device", "hardware")   # recorded by every lesson: what a run was, not a result
 SETUP_TAG = "grader-setup"          # cells that graded checks need besides the answers
+STUB_MESSAGE = "Exercise {exercise}: {what} (see the docstring), then run the graded check after it"   # a lab's stub
+STUB_RE = re.compile(r"^Exercise (\d\d-[A-Za-z0-9-]+): ")   # ... and how its exercise is read back
 CHECK_MESSAGE_CHARS = 1000          # a failed check's message as the grader keeps it and the feedback shows it
 INJECTED_TAG, ERROR_CELL_TAG = "injected-parameters", "papermill-error-cell-tag"   # the cells papermill adds
 PAPERMILL_TAGS = frozenset({INJECTED_TAG, ERROR_CELL_TAG})

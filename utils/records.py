@@ -7,15 +7,23 @@ call, so the values are stored *in the executed notebook* as JSON (and the cell 
 one line, not one per value); tests, the runner's summary and the grader then call
 ``read_records(path)`` instead of scraping printed text.
 
+The results cell starts with ``%%results`` (:func:`results_cell`): each of its statements runs on its
+own, so that a section that did not run (an exercise of the lab not done yet) costs only its own
+records, and the others are still saved.
+
 This module deliberately imports neither torch nor numpy: values such as numpy
 scalars and 0-d tensors are converted by duck typing (they have ``.item()``).
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
+import sys
 from pathlib import Path
+
+from .constants import STUB_RE
 
 RECORD_MIME = "application/vnd.posttraining.record+json"
 KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.@/-]+$")
@@ -92,6 +100,8 @@ def _show(value) -> str:
 # ----------------------------------------------------------------------------- writing
 def _in_ipython() -> bool:
     """True inside an IPython kernel or shell (IPython is imported lazily and is optional)."""
+    if "IPython" not in sys.modules:   # a kernel has imported it; a script need not
+        return False
     try:
         from IPython import get_ipython
     except ImportError:
@@ -141,6 +151,77 @@ def show_records() -> None:
     text = (f"{len(keys)} value{'s' * (len(keys) > 1)} recorded ({span}): saved in this notebook "
             "(utils.read_records reads them back)")
     display({RECORD_MIME: {"records": [[k, RECORDS[k]] for k in keys]}, "text/plain": text}, raw=True)
+
+
+# ----------------------------------------------------------------------------- the results cell
+class ResultsIncomplete(Exception):
+    """Some statements of a results cell failed; what the others recorded is saved."""
+
+    def _render_traceback_(self) -> list[str]:   # IPython shows the message alone: the frames are the course's
+        return [f"{type(self).__name__}: {self}"]
+
+
+def unfinished(namespace: dict) -> list[str]:
+    """The exercises whose stub is still defined in ``namespace`` (a lab's function, or a method of its
+    class, that raises the NotImplementedError naming its exercise), sorted: e.g. ``["07-gae"]``."""
+    found = set()
+    for value in list(namespace.values()):
+        if getattr(value, "__module__", None) != "__main__":
+            continue   # only what the notebook itself defined
+        functions = vars(value).values() if isinstance(value, type) else [value]
+        for code in (getattr(f, "__code__", None) for f in functions):
+            if code is not None and "NotImplementedError" in code.co_names:
+                found |= {m.group(1) for c in code.co_consts if isinstance(c, str) and (m := STUB_RE.match(c))}
+    return sorted(found)
+
+
+def run_each(source: str, namespace: dict, filename: str = "<results cell>", first_line: int = 1) -> list[str]:
+    """Run ``source`` in ``namespace`` one top-level statement at a time; a statement that raises does not stop
+    the others. Returns one line per failure, in order: ``"line 12, utils.record(...): NameError: ..."``, its
+    line numbered from ``first_line`` (the cell's, where ``source`` follows a magic's line)."""
+    failed = []
+    for statement in ast.parse(source, filename).body:
+        try:
+            exec(compile(ast.Module([statement], type_ignores=[]), filename, "exec"), namespace)  # noqa: S102
+        except Exception as e:  # noqa: BLE001 -- each failure is reported, and the next statement runs
+            text = " ".join((ast.get_source_segment(source, statement) or "").split())
+            text = text if len(text) <= 80 else text[:79] + "…"
+            why = " ".join(str(e).split())[:200]
+            failed.append(f"line {statement.lineno + first_line - 1}, {text}: {type(e).__name__}: {why}")
+    return failed
+
+
+def results_cell(line: str, cell: str) -> None:
+    """``%%results``, the first line of a lesson's results cell: each statement of the cell runs on its own
+    (:func:`run_each`), then :func:`show_records` saves what was recorded. When statements failed, their lines
+    are recorded too (``"<lesson>/results_failed"``) and the cell ends in one error that names them and the
+    exercises not done yet. Registered by ``import utils`` inside IPython; taught in lesson 01's results cell."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    source = shell.transform_cell(cell)
+    failed = run_each(source, shell.user_ns, first_line=2)   # the cell's line 1 is %%results
+    if failed:
+        keys = PENDING or re.findall(r"""record\(\s*f?["']([A-Za-z0-9_.-]+)/""", source)
+        lesson = (keys[0].split("/")[0] if keys else "lesson")
+        record(f"{lesson}/results_failed", failed)
+    show_records()
+    if failed:
+        todo = unfinished(shell.user_ns)
+        raise ResultsIncomplete(
+            f"{len(failed)} statement(s) of this cell failed; the others' records are saved:\n  "
+            + "\n  ".join(failed)
+            + (f"\nExercises not done yet: {', '.join(todo)}. Finish them, run their sections again, then this "
+               "cell." if todo else "\nRun the sections these need, then this cell again."))
+
+
+def register_magic() -> None:
+    """Make ``%%results`` available in this IPython kernel (nothing to do outside one)."""
+    if not _in_ipython():
+        return
+    from IPython import get_ipython
+
+    get_ipython().register_magic_function(results_cell, magic_kind="cell", magic_name="results")
 
 
 # ----------------------------------------------------------------------------- reading

@@ -207,6 +207,9 @@ def test_feedback_shows_the_course_headline_of_a_self_reported_run():
     assert '| 01/lora_accuracy | "&#124;x&#124;\\n# fake" |' in text    # a record never breaks the table ...
     assert '| 01/x&#124;y # You scored 100% | "&lt;/details&gt;&lt;!--" |' in text   # ... nor the page
     assert grade.course_headline(nbformat.v4.new_notebook()) is None
+    failed = {"01/results_failed": ["line 9, utils.record('01/lora_accuracy', lora['accuracy']): NameError: x"]}
+    text = grade.feedback_markdown("ann", "01_sft_from_scratch", {"flags": []}, {"records": failed}, "ann", course)
+    assert "could not compute 1 statement(s)" in text and "- line 9, utils.record('01/lora_accuracy'" in text
 
 
 def test_usage_errors(tmp_path, capsys):

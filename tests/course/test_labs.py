@@ -112,6 +112,7 @@ def test_lab_of_each_lesson(lesson):
         if cells.is_check(c):
             n_checks += 1
             assert c.metadata["editable"] is False and c.metadata["deletable"] is False
+            assert c.source.startswith(cells.LOCKED_CHECK_HEAD + " "), "a locked check says so on its first line"
         if cells.is_answer(c):
             n_answers += 1
             assert "raise NotImplementedError('Exercise " in c.source and c.metadata["deletable"] is False

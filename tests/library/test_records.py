@@ -13,6 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from utils import records  # noqa: E402
+from utils.constants import LESSON_GLOB, NOTEBOOKS_DIR  # noqa: E402
 from utils.course.kernel import started_again  # noqa: E402
 from utils.records import RECORD_MIME, read_records, record  # noqa: E402
 
@@ -173,3 +174,38 @@ def test_end_to_end_with_kernel(tmp_path):
     assert [len(c.outputs) for c in nb.cells] == [0, 1, 1, 0], "one output per show_records() with something to show"
     text = nb.cells[1].outputs[0]["data"]["text/plain"]
     assert text == "3 values recorded (t/x ... t/z): saved in this notebook (utils.read_records reads them back)", text
+
+
+def test_a_results_cell_keeps_what_ran_and_names_what_did_not(tmp_path):
+    """%%results: a statement that fails (a section that did not run) costs only its own records; the cell then
+    fails once, naming each failed line and the lab's exercises still stubs."""
+    nbclient = pytest.importorskip("nbclient")
+    from utils.constants import STUB_MESSAGE
+
+    stub = STUB_MESSAGE.format(exercise="07-gae", what="write the body of gae()")
+    nb = new_notebook(cells=[
+        new_code_cell(f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\nimport utils\nruns = {{'RLOO': 0.5}}"),
+        new_code_cell(f"def gae(rewards):\n    # YOUR CODE HERE\n    raise NotImplementedError({stub!r})"),
+        new_code_cell("%%results   # every statement on its own\nutils.record('07/rloo', runs['RLOO'])\n"
+                      "utils.record('07/ppo', runs['PPO'])\nfor k in ('a', 'b'):\n    utils.record(f'07/{k}', 1)\n"
+                      "utils.record('07/mixed', len(mixed))"),
+        new_code_cell("%%results\nutils.record('07/all', 1)"),
+    ])
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=60, allow_errors=True,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    started_again(client.execute)
+    records = read_records(_write(nb, tmp_path, "executed.ipynb"))
+    assert records == {"07/rloo": 0.5, "07/a": 1, "07/b": 1, "07/results_failed": [
+        "line 3, utils.record('07/ppo', runs['PPO']): KeyError: 'PPO'",
+        "line 6, utils.record('07/mixed', len(mixed)): NameError: name 'mixed' is not defined"], "07/all": 1}
+    error = nb.cells[2].outputs[-1]
+    assert error["output_type"] == "error" and error["ename"] == "ResultsIncomplete", error
+    assert "2 statement(s) of this cell failed" in error["evalue"] and "Exercises not done yet: 07-gae." in error["evalue"]
+    assert [o["output_type"] for o in nb.cells[3].outputs] == ["display_data"], "a cell that ran whole: no error"
+
+
+@pytest.mark.parametrize("lesson", sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)), ids=lambda p: p.stem[:2])
+def test_every_lessons_results_cell_runs_statement_by_statement(lesson):
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    results = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%results")]
+    assert len(results) == 1 and "utils.record(" in "".join(results[0]["source"]), "one results cell, %%results first"

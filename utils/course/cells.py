@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..constants import SETUP_TAG
+from ..constants import SETUP_TAG, STUB_MESSAGE
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -98,6 +98,16 @@ def strip_tooling_markers(source: str) -> str:
     return "\n".join(line for line in source.split("\n") if line.strip() not in TOOLING_MARKERS)
 
 
+CHECK_HEAD = "# Graded check:"   # a check's first line in a lesson ...
+LOCKED_CHECK_HEAD = "# Graded check (a locked cell: run it, do not edit it):"   # ... and in its lab
+
+
+def as_in_lab(check_source: str) -> str:
+    """A check's source with its first line as the lab shows it (:data:`LOCKED_CHECK_HEAD`): a lab's check, and a
+    check released some other way (by nbgrader, from the lesson), compare the same."""
+    return LOCKED_CHECK_HEAD + check_source[len(CHECK_HEAD):] if check_source.startswith(CHECK_HEAD) else check_source
+
+
 def _regions(lines: list[str], begin: str, end: str, where: str) -> list[tuple[int, int]]:
     """(begin line, end line) index pairs of the delimited regions; LabError when unbalanced."""
     regions, start = [], None
@@ -138,7 +148,7 @@ def stub_solutions(source: str, exercise: str, where: str = "cell") -> str:
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
         func = _enclosing_function(lines, begin)
         what = f"write the body of {func}()" if func else "write this part"
-        message = f"Exercise {exercise}: {what} (see the docstring), then run the graded check after it"
+        message = STUB_MESSAGE.format(exercise=exercise, what=what)
         out += lines[last:begin] + [f"{indent}# YOUR CODE HERE",
                                      f"{indent}raise NotImplementedError({message!r})"]
         last = end + 1

@@ -97,6 +97,11 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
     lines.append("Ran with " + ", ".join(f"{k} {_md_text(v if v is not None else 'unknown', 100)}"
                                          for k, v in meta.items()) + ".")
     lines.append("")
+    failed = next((v for k, v in records.items() if k.split("/", 1)[-1] == "results_failed"), None)
+    if isinstance(failed, list) and failed:   # %%results: the statements of the results cell that did not run
+        lines += [f"Your results cell could not compute {len(failed)} statement(s), so their records are missing "
+                  "(a section that did not run, or an exercise not done):", ""]
+        lines += [f"- {_md_text(f, 300)}" for f in failed[:20]] + [""]
     metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in (*META_KEYS, "headline")}
     if metrics and headline:   # the course's declaration (never the student's), read against their records
         try:

@@ -24,7 +24,7 @@ import nbformat
 from ..constants import CHECK_MESSAGE_CHARS, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, UTILS_DIR
 from . import sandbox as sb
 from . import speed
-from .cells import compute_checksum, grade_id, hidden_parts, is_answer, is_check, strip_tooling_markers
+from .cells import as_in_lab, compute_checksum, grade_id, hidden_parts, is_answer, is_check, strip_tooling_markers
 from .kernel import kill_tree
 
 KERNEL_ENV = {  # the grading run: CPU only, one thread, offline, quiet
@@ -111,7 +111,7 @@ def grading_notebook(lesson, answers, lab):
                                   "detail": "graded check deleted; restored from the lesson"})
             else:
                 theirs = copy.deepcopy(ref)
-                theirs.source = strip_tooling_markers(sub.source)   # an nbgrader release keeps CI's markers
+                theirs.source = as_in_lab(strip_tooling_markers(sub.source))   # as nbgrader releases it too
                 if compute_checksum(theirs) != ref.metadata.nbgrader["checksum"]:
                     integrity.append({"flag": "modified", "grade_id": gid,
                                       "detail": "graded check changed (checksum differs); restored from the lesson"})

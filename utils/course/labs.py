@@ -36,6 +36,7 @@ from . import grading, solutions
 from .cells import (
     TEXT_STUB,
     LabError,
+    as_in_lab,
     check_contract,
     compute_checksum,
     exercise_of,
@@ -127,7 +128,7 @@ def build_lab(lesson, name: str, repo: str | None = None):
             cell.source = TEXT_STUB
             cell.metadata["deletable"] = False
         elif is_check(cell):
-            cell.source = remove_hidden_tests(cell.source, where)
+            cell.source = as_in_lab(remove_hidden_tests(cell.source, where))
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
         if is_answer(cell) or is_written(cell) or is_check(cell):

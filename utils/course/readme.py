@@ -100,7 +100,7 @@ def exercises(lesson: Path) -> list[dict]:
             name = cells.exercise_of(c)
             tree = ast.parse(solutions.answer_source(c))
             check = checks.get(name)
-            what = check.source.splitlines()[0].removeprefix(labs.CHECK_HEAD).strip() if check is not None else ""
+            what = check.source.splitlines()[0].removeprefix(cells.CHECK_HEAD).strip() if check is not None else ""
             found.append({"exercise": name, "section": section.replace("`", ""), "check": name if check else "",
                           "functions": [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))],
                           "points": check.metadata.nbgrader["points"] if check is not None else 0, "what": what})
