@@ -22,6 +22,7 @@ import math
 import re
 import sys
 from pathlib import Path
+from types import FunctionType
 
 from .constants import STUB_RE
 
@@ -166,23 +167,26 @@ def unfinished(namespace: dict) -> list[str]:
     class, that raises the NotImplementedError naming its exercise), sorted: e.g. ``["07-gae"]``."""
     found = set()
     for value in list(namespace.values()):
-        if getattr(value, "__module__", None) != "__main__":
-            continue   # only what the notebook itself defined
-        functions = vars(value).values() if isinstance(value, type) else [value]
-        for code in (getattr(f, "__code__", None) for f in functions):
+        if not isinstance(value, (type, FunctionType)) or value.__module__ != "__main__":
+            continue   # only the functions and classes the notebook itself defined (no attribute of anything else)
+        for f in (vars(value).values() if isinstance(value, type) else [value]):
+            code = f.__code__ if isinstance(f, FunctionType) else None
             if code is not None and "NotImplementedError" in code.co_names:
                 found |= {m.group(1) for c in code.co_consts if isinstance(c, str) and (m := STUB_RE.match(c))}
     return sorted(found)
 
 
-def run_each(source: str, namespace: dict, filename: str = "<results cell>", first_line: int = 1) -> list[str]:
+def run_each(source: str, namespace: dict, filename: str = "<results cell>", first_line: int = 1,
+             flags: int = 0) -> list[str]:
     """Run ``source`` in ``namespace`` one top-level statement at a time; a statement that raises does not stop
-    the others. Returns one line per failure, in order: ``"line 12, utils.record(...): NameError: ..."``, its
-    line numbered from ``first_line`` (the cell's, where ``source`` follows a magic's line)."""
+    the others (a loop is one statement). Returns one line per failure, in order: ``"line 12, utils.record(...):
+    NameError: ..."``, its line numbered from ``first_line`` (the cell's, where ``source`` follows a magic's line).
+    ``flags``: the compiler flags (``__future__`` imports) to compile with, none of this module's."""
     failed = []
     for statement in ast.parse(source, filename).body:
         try:
-            exec(compile(ast.Module([statement], type_ignores=[]), filename, "exec"), namespace)  # noqa: S102
+            code = compile(ast.Module([statement], type_ignores=[]), filename, "exec", flags=flags, dont_inherit=True)
+            exec(code, namespace)  # noqa: S102
         except Exception as e:  # noqa: BLE001 -- each failure is reported, and the next statement runs
             text = " ".join((ast.get_source_segment(source, statement) or "").split())
             text = text if len(text) <= 80 else text[:79] + "…"
@@ -199,8 +203,9 @@ def results_cell(line: str, cell: str) -> None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    source = shell.transform_cell(cell)
-    failed = run_each(source, shell.user_ns, first_line=2)   # the cell's line 1 is %%results
+    source = shell.transform_cell(cell)   # which drops the body's leading blank lines
+    first = 2 + len(cell) - len(cell.lstrip("\n"))   # the cell's line 1 is %%results
+    failed = run_each(source, shell.user_ns, first_line=first, flags=shell.compile.flags)
     if failed:
         keys = PENDING or re.findall(r"""record\(\s*f?["']([A-Za-z0-9_.-]+)/""", source)
         lesson = (keys[0].split("/")[0] if keys else "lesson")
@@ -209,19 +214,51 @@ def results_cell(line: str, cell: str) -> None:
     if failed:
         todo = unfinished(shell.user_ns)
         raise ResultsIncomplete(
-            f"{len(failed)} statement(s) of this cell failed; the others' records are saved:\n  "
+            f"{len(failed)} statement(s) of this cell failed; what the others recorded is saved:\n  "
             + "\n  ".join(failed)
             + (f"\nExercises not done yet: {', '.join(todo)}. Finish them, run their sections again, then this "
                "cell." if todo else "\nRun the sections these need, then this cell again."))
 
 
+# The errors a cell that needs an unfinished exercise meets (a stub's own NotImplementedError is a RuntimeError); not
+# SyntaxError, which IPython shows its own way at parse time, nor ResultsIncomplete, which names the exercises itself.
+NOTED = (ArithmeticError, AssertionError, AttributeError, LookupError, NameError, RuntimeError, TypeError, ValueError)
+
+
+def _not_done_note(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler of a cell's error in a lab: a stub's NotImplementedError is shown as its one line and what
+    to do (not the frames of the training that called it); any other error as usual, followed by the exercises
+    still stubs, when there are any (a later section fails where it needs what they compute)."""
+    try:
+        stub = isinstance(value, NotImplementedError) and STUB_RE.match(str(value))
+        todo = unfinished(shell.user_ns)
+    except Exception:  # noqa: BLE001 -- the handler never raises: IPython would drop it and the error's output
+        stub, todo = None, []
+    if not stub:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+        if todo:
+            print(f"(Exercises not done yet: {', '.join(todo)}. This cell may need what they compute.)")
+        return None
+    shell._get_exc_info((etype, value, tb))   # sys.last_traceback and friends, for %tb and %debug
+    shell._showtraceback(etype, value, [
+        f"NotImplementedError: {value}",
+        f"Exercise {stub.group(1)} is not done yet: write its answer cell, run its graded check, then the cells "
+        "that need it (this one too). The results cell at the end keeps the records of what ran."])
+    if shell.call_pdb:
+        shell.debugger(force=True)
+    return None
+
+
 def register_magic() -> None:
-    """Make ``%%results`` available in this IPython kernel (nothing to do outside one)."""
+    """In an IPython kernel: make ``%%results`` available, and name a lab's exercises not done yet under a cell's
+    error (:func:`_not_done_note`). Nothing to do outside one."""
     if not _in_ipython():
         return
     from IPython import get_ipython
 
-    get_ipython().register_magic_function(results_cell, magic_kind="cell", magic_name="results")
+    shell = get_ipython()
+    shell.register_magic_function(results_cell, magic_kind="cell", magic_name="results")
+    shell.set_custom_exc(NOTED, _not_done_note)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from tests import grading_fixtures
+from utils.constants import CHECK_MESSAGE_CHARS
 from utils.course import cells, grade, grading, labs, submissions, written
 
 EXPECTED = Path(__file__).parents[1] / "fixtures" / "grades_01.csv"
@@ -210,6 +211,9 @@ def test_feedback_shows_the_course_headline_of_a_self_reported_run():
     failed = {"01/results_failed": ["line 9, utils.record('01/lora_accuracy', lora['accuracy']): NameError: x"]}
     text = grade.feedback_markdown("ann", "01_sft_from_scratch", {"flags": []}, {"records": failed}, "ann", course)
     assert "could not compute 1 statement(s)" in text and "- line 9, utils.record('01/lora_accuracy'" in text
+    assert "| 01/results_failed |" not in text, "listed once, above the table"
+    long = grading._check_message("ValueError", "x" * 3000, 30)
+    assert len(long) == CHECK_MESSAGE_CHARS and long.endswith("…") and long.startswith("ValueError: xxx")
 
 
 def test_usage_errors(tmp_path, capsys):

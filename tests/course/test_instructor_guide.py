@@ -116,8 +116,15 @@ def parsed(argv: list[str]) -> argparse.Namespace:
     message (an option shortened counts as refused); so does a command that reads no arguments."""
     parse_args = argparse.ArgumentParser.parse_args
 
+    def no_abbreviations(parser):   # the guide names an option in full: a renamed `--memory-gib` fails `--memory`
+        parser.allow_abbrev = False
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    no_abbreviations(sub)
+
     def parse_and_stop(parser, args=None, namespace=None):
-        parser.allow_abbrev = False   # the guide names an option in full: a renamed `--memory-gib` fails `--memory`
+        no_abbreviations(parser)
         raise Parsed(parse_args(parser, args, namespace))
 
     said = io.StringIO()
@@ -173,6 +180,7 @@ def check(words: list[str]) -> None:
             parsed(shlex.split(line))
         return
     argv = words[3:]
+    assert argv, f"`{shlex.join(words)}` names no command"
     if len(argv) < 2 or "..." in argv:
         assert argv[0] in utils.__main__.COMMANDS, f"`python -m utils {argv[0]}` is no command"
     else:

@@ -190,6 +190,10 @@ def test_a_results_cell_keeps_what_ran_and_names_what_did_not(tmp_path):
                       "utils.record('07/ppo', runs['PPO'])\nfor k in ('a', 'b'):\n    utils.record(f'07/{k}', 1)\n"
                       "utils.record('07/mixed', len(mixed))"),
         new_code_cell("%%results\nutils.record('07/all', 1)"),
+        new_code_cell("def train():\n    return gae(1)\ntrain()"),   # a section that trains with the stub
+        new_code_cell("runs['PPO']"),                                    # and one that needs what it would make
+        new_code_cell("import sys\nprint(type(sys.last_value).__name__)"),  # %tb and %debug see the latest error
+        new_code_cell("%%results\n\n\nutils.record('08/x', missing)"),    # blank lines before the first statement
     ])
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=60, allow_errors=True,
                                      resources={"metadata": {"path": str(tmp_path)}})
@@ -197,15 +201,41 @@ def test_a_results_cell_keeps_what_ran_and_names_what_did_not(tmp_path):
     records = read_records(_write(nb, tmp_path, "executed.ipynb"))
     assert records == {"07/rloo": 0.5, "07/a": 1, "07/b": 1, "07/results_failed": [
         "line 3, utils.record('07/ppo', runs['PPO']): KeyError: 'PPO'",
-        "line 6, utils.record('07/mixed', len(mixed)): NameError: name 'mixed' is not defined"], "07/all": 1}
+        "line 6, utils.record('07/mixed', len(mixed)): NameError: name 'mixed' is not defined"], "07/all": 1,
+        "08/results_failed": ["line 4, utils.record('08/x', missing): NameError: name 'missing' is not defined"]}
     error = nb.cells[2].outputs[-1]
     assert error["output_type"] == "error" and error["ename"] == "ResultsIncomplete", error
     assert "2 statement(s) of this cell failed" in error["evalue"] and "Exercises not done yet: 07-gae." in error["evalue"]
     assert [o["output_type"] for o in nb.cells[3].outputs] == ["display_data"], "a cell that ran whole: no error"
+    (stopped,) = nb.cells[4].outputs   # the stub's error: its one line and what to do, not the training's frames
+    assert stopped["ename"] == "NotImplementedError" and len(stopped["traceback"]) == 2, stopped
+    assert stopped["traceback"][1].startswith("Exercise 07-gae is not done yet: write its answer cell")
+    error, note = nb.cells[5].outputs   # any other error as usual, then the exercises still stubs
+    assert error["ename"] == "KeyError" and note["text"].startswith("(Exercises not done yet: 07-gae.")
+    assert nb.cells[6].outputs[0]["text"] == "KeyError\n"
+    assert "line 4, utils.record('08/x', missing): NameError" in nb.cells[7].outputs[-1]["evalue"]
+
+
+def test_unfinished_reads_only_the_notebooks_own_functions_and_classes():
+    stub = compile(f"def gae():\n    raise NotImplementedError({'Exercise 07-gae: write it'!r})\n"
+                   f"class NF4Linear:\n    def forward(self):\n        raise NotImplementedError("
+                   f"{'Exercise 06-nf4-model: write it'!r})\n"
+                   "class Cfg(dict):\n    __getattr__ = dict.__getitem__\n", "<cell>", "exec")
+    namespace = {"__name__": "__main__"}
+    exec(stub, namespace)
+    namespace["cfg"] = namespace["Cfg"](a=1)   # an object whose attributes raise KeyError
+    assert records.unfinished(namespace) == ["06-nf4-model", "07-gae"]
+
+
+def test_run_each_keeps_going_and_compiles_without_this_modules_future_imports():
+    namespace = {}
+    failed = records.run_each("a = 1\nb = missing\nx: undefined = 2\nc = a + 1\n", namespace, first_line=2)
+    assert [f.split(":")[0] for f in failed] == ["line 3, b = missing", "line 4, x"], failed
+    assert namespace["c"] == 2 and "b" not in namespace
 
 
 @pytest.mark.parametrize("lesson", sorted(NOTEBOOKS_DIR.glob(LESSON_GLOB)), ids=lambda p: p.stem[:2])
-def test_every_lessons_results_cell_runs_statement_by_statement(lesson):
+def test_every_lesson_has_one_results_cell_and_it_starts_with_the_magic(lesson):
     nb = json.loads(lesson.read_text(encoding="utf-8"))
     results = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%results")]
     assert len(results) == 1 and "utils.record(" in "".join(results[0]["source"]), "one results cell, %%results first"

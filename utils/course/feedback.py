@@ -24,8 +24,9 @@ def _md_text(text, limit: int = 600) -> str:
     """Text from a submission (a message its code raised, a name, a record) as one line of markdown that shows as
     what it says: HTML's ``& < >`` escaped, no line break (so no heading, list item or second score line of its
     own), no ``|``, backtick, ``*`` or ``](`` (no table cell, code span, emphasis, link or image), at most ``limit``
-    characters."""
-    text = html.escape(str(text)[:limit], quote=False)
+    characters (a longer one is cut and ends in "…")."""
+    text = str(text)
+    text = html.escape(text if len(text) <= limit else text[:limit - 1] + "…", quote=False)
     for ch, entity in (("|", "&#124;"), ("`", "&#96;"), ("*", "&#42;"), ("](", "]&#40;"), ("://", ":&#47;&#47;"),
                        ("www.", "www&#46;")):   # no link, and no address a viewer turns into one
         text = text.replace(ch, entity)
@@ -102,7 +103,8 @@ def feedback_markdown(student: str, lab_name: str, sub: dict, result: dict, fig_
         lines += [f"Your results cell could not compute {len(failed)} statement(s), so their records are missing "
                   "(a section that did not run, or an exercise not done):", ""]
         lines += [f"- {_md_text(f, 300)}" for f in failed[:20]] + [""]
-    metrics = {k: v for k, v in records.items() if k.split("/", 1)[-1] not in (*META_KEYS, "headline")}
+    metrics = {k: v for k, v in records.items()
+               if k.split("/", 1)[-1] not in (*META_KEYS, "headline", "results_failed")}
     if metrics and headline:   # the course's declaration (never the student's), read against their records
         try:
             block = headlines.block(headline, records)

@@ -201,14 +201,13 @@ def one_line(text, limit: int = CHECK_MESSAGE_CHARS) -> str:
 
 
 def _check_message(ename: str, evalue: str, cell_timeout: int) -> str:
+    """What a failed cell's feedback says, one line of at most CHECK_MESSAGE_CHARS (cut with "…")."""
     ename, evalue = one_line(ename, 100), one_line(evalue)
     if ename == "AssertionError":
         return evalue or "an assertion failed (it has no message)"
-    if ename == "NotImplementedError":
-        return f"not implemented: {evalue}"
     if ename == "KeyboardInterrupt":
         return f"timed out after {cell_timeout} s and was interrupted (an endless loop, or far too slow?)"
-    return f"{ename}: {evalue}"
+    return one_line(f"not implemented: {evalue}" if ename == "NotImplementedError" else f"{ename}: {evalue}")
 
 
 def read_run(said: list[dict], gnb, cell_timeout: int, stopped: str = "") -> dict:
