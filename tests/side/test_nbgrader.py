@@ -51,11 +51,11 @@ def test_nbgrader_release_matches_our_lab(nbgrader, lesson):
     for gid, cell in theirs.items():
         assert "BEGIN SOLUTION" not in cell.source and "HIDDEN TESTS" not in cell.source
         if cells.is_grade(cell):
-            # ours leaves out CI's regression markers (cells.TOOLING_MARKERS), nbgrader keeps every line
-            assert labs.strip_tooling_markers(cell.source) == ours[gid].source, \
+            # ours leaves out CI's regression markers (cells.TOOLING_MARKERS), nbgrader keeps every line, and our
+            # check's first line says it is locked (cells.as_in_lab: what the grader compares)
+            assert cells.as_in_lab(labs.strip_tooling_markers(cell.source)) == ours[gid].source, \
                 f"{gid}: nbgrader's student check differs from ours"
-            if cell.source == ours[gid].source:
-                assert cell.metadata.nbgrader["checksum"] == ours[gid].metadata.nbgrader["checksum"], \
-                    f"{gid}: nbgrader's checksum differs from ours"
+            assert cells.compute_checksum(cell) == cell.metadata.nbgrader["checksum"], \
+                f"{gid}: our checksum of nbgrader's released cell is not nbgrader's"
         else:
             assert "raise NotImplementedError" in cell.source
