@@ -29,6 +29,9 @@ GSM8K = "openai/gsm8k"   # the Hub id of GSM8K (config "main": 7,473 train / 1,3
 # ----------------------------------------------------------------------------- notebooks
 META_KEYS = ("preset", "model", "device", "hardware")   # recorded by every lesson: what a run was, not a result
 SETUP_TAG = "grader-setup"          # cells that graded checks need besides the answers
+SETUP_MARK = "# [setup] The graded checks need this cell: run it before the exercises below."   # ... their first line
+CHECK_HEAD = "# Graded check:"   # a check's first line in a lesson ...
+LOCKED_CHECK_HEAD = "# Graded check (a locked cell: run it, do not edit it):"   # ... and in its lab
 STUB_MESSAGE = "Exercise {exercise}: {what} (see the docstring), then run the graded check after it"   # a lab's stub
 STUB_RE = re.compile(r"^Exercise (\d\d-[A-Za-z0-9-]+): ")   # ... and how its exercise is read back
 CHECK_MESSAGE_CHARS = 1000          # a failed check's message as the grader keeps it and the feedback shows it

@@ -22,9 +22,9 @@ import math
 import re
 import sys
 from pathlib import Path
-from types import FunctionType
 
-from .constants import STUB_RE
+from . import stubs
+from .stubs import unfinished
 
 RECORD_MIME = "application/vnd.posttraining.record+json"
 KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.@/-]+$")
@@ -162,20 +162,6 @@ class ResultsIncomplete(Exception):
         return [f"{type(self).__name__}: {self}"]
 
 
-def unfinished(namespace: dict) -> list[str]:
-    """The exercises whose stub is still defined in ``namespace`` (a lab's function, or a method of its
-    class, that raises the NotImplementedError naming its exercise), sorted: e.g. ``["07-gae"]``."""
-    found = set()
-    for value in list(namespace.values()):
-        if not isinstance(value, (type, FunctionType)) or value.__module__ != "__main__":
-            continue   # only the functions and classes the notebook itself defined (no attribute of anything else)
-        for f in (vars(value).values() if isinstance(value, type) else [value]):
-            code = f.__code__ if isinstance(f, FunctionType) else None
-            if code is not None and "NotImplementedError" in code.co_names:
-                found |= {m.group(1) for c in code.co_consts if isinstance(c, str) and (m := STUB_RE.match(c))}
-    return sorted(found)
-
-
 def run_each(source: str, namespace: dict, filename: str = "<results cell>", first_line: int = 1,
              flags: int = 0) -> list[str]:
     """Run ``source`` in ``namespace`` one top-level statement at a time; a statement that raises does not stop
@@ -203,7 +189,11 @@ def results_cell(line: str, cell: str) -> None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    source = shell.transform_cell(cell)   # which drops the body's leading blank lines
+    stubs._state["paused"] = True   # the body is run statement by statement, never skipped whole
+    try:
+        source = shell.transform_cell(cell)   # which drops the body's leading blank lines
+    finally:
+        stubs._state["paused"] = False
     first = 2 + len(cell) - len(cell.lstrip("\n"))   # the cell's line 1 is %%results
     failed = run_each(source, shell.user_ns, first_line=first, flags=shell.compile.flags)
     if failed:
@@ -220,45 +210,16 @@ def results_cell(line: str, cell: str) -> None:
                "cell." if todo else "\nRun the sections these need, then this cell again."))
 
 
-# The errors a cell that needs an unfinished exercise meets (a stub's own NotImplementedError is a RuntimeError); not
-# SyntaxError, which IPython shows its own way at parse time, nor ResultsIncomplete, which names the exercises itself.
-NOTED = (ArithmeticError, AssertionError, AttributeError, LookupError, NameError, RuntimeError, TypeError, ValueError)
-
-
-def _not_done_note(shell, etype, value, tb, tb_offset=None):
-    """IPython's handler of a cell's error in a lab: a stub's NotImplementedError is shown as its one line and what
-    to do (not the frames of the training that called it); any other error as usual, followed by the exercises
-    still stubs, when there are any (a later section fails where it needs what they compute)."""
-    try:
-        stub = isinstance(value, NotImplementedError) and STUB_RE.match(str(value))
-        todo = unfinished(shell.user_ns)
-    except Exception:  # noqa: BLE001 -- the handler never raises: IPython would drop it and the error's output
-        stub, todo = None, []
-    if not stub:
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
-        if todo:
-            print(f"(Exercises not done yet: {', '.join(todo)}. This cell may need what they compute.)")
-        return None
-    shell._get_exc_info((etype, value, tb))   # sys.last_traceback and friends, for %tb and %debug
-    shell._showtraceback(etype, value, [
-        f"NotImplementedError: {value}",
-        f"Exercise {stub.group(1)} is not done yet: write its answer cell, run its graded check, then the cells "
-        "that need it (this one too). The results cell at the end keeps the records of what ran."])
-    if shell.call_pdb:
-        shell.debugger(force=True)
-    return None
-
-
 def register_magic() -> None:
-    """In an IPython kernel: make ``%%results`` available, and name a lab's exercises not done yet under a cell's
-    error (:func:`_not_done_note`). Nothing to do outside one."""
+    """In an IPython kernel: make ``%%results`` available, and skip the cells that need an exercise not done yet
+    (:func:`utils.stubs.register`). Nothing to do outside one."""
     if not _in_ipython():
         return
     from IPython import get_ipython
 
     shell = get_ipython()
     shell.register_magic_function(results_cell, magic_kind="cell", magic_name="results")
-    shell.set_custom_exc(NOTED, _not_done_note)
+    stubs.register(shell)
 
 
 # ----------------------------------------------------------------------------- reading

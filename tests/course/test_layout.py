@@ -79,9 +79,10 @@ def test_tooling_is_apart():
     """The course tooling lives in utils/course; what is left at the top of utils is what lessons import."""
     top = {p.stem for p in UTILS_DIR.glob("*.py")} - {"__init__", "__main__"}
     assert top == {"agent", "constants", "data", "dpo", "evaluation", "headlines", "plots", "ppo", "quant", "records",
-                   "rewards", "rl", "runtime", "sft", "tools", "training", "ttc", "verl_export"}, top
+                   "rewards", "rl", "runtime", "sft", "stubs", "tools", "training", "ttc", "verl_export"}, top
     notebooks = " ".join(p.read_text() for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
-    reexported = {"records": "utils.record(", "headlines": "utils.headline("}   # utils/__init__.py
+    reexported = {"records": "utils.record(", "headlines": "utils.headline(",   # utils/__init__.py
+                  "stubs": "import utils"}                                    # which registers it in the kernel
     for name in top - {"constants"}:
         assert f"{name}." in notebooks or f"import {name}" in notebooks or reexported.get(name, "?") in notebooks, \
             f"no lesson uses utils.{name}"

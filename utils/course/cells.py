@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..constants import SETUP_TAG, STUB_MESSAGE
+from ..constants import CHECK_HEAD, LOCKED_CHECK_HEAD, SETUP_TAG, STUB_MESSAGE
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -96,10 +96,6 @@ TOOLING_MARKERS = ("# NBVAL_CHECK_OUTPUT",)
 def strip_tooling_markers(source: str) -> str:
     """``source`` without its lines that are only a test-tooling marker (:data:`TOOLING_MARKERS`)."""
     return "\n".join(line for line in source.split("\n") if line.strip() not in TOOLING_MARKERS)
-
-
-CHECK_HEAD = "# Graded check:"   # a check's first line in a lesson ...
-LOCKED_CHECK_HEAD = "# Graded check (a locked cell: run it, do not edit it):"   # ... and in its lab
 
 
 def as_in_lab(check_source: str) -> str:

@@ -11,6 +11,7 @@ import json
 from .. import headlines
 from ..constants import CHECK_MESSAGE_CHARS, META_KEYS
 from . import written
+from .grading import one_line
 from .lessons import meta_of
 
 
@@ -23,14 +24,13 @@ def _md_cell(text: str) -> str:
 def _md_text(text, limit: int = 600) -> str:
     """Text from a submission (a message its code raised, a name, a record) as one line of markdown that shows as
     what it says: HTML's ``& < >`` escaped, no line break (so no heading, list item or second score line of its
-    own), no ``|``, backtick, ``*`` or ``](`` (no table cell, code span, emphasis, link or image), at most ``limit``
-    characters (a longer one is cut and ends in "…")."""
-    text = str(text)
-    text = html.escape(text if len(text) <= limit else text[:limit - 1] + "…", quote=False)
+    own), no ``|``, backtick, ``*`` or ``](`` (no table cell, code span, emphasis, link or image), cut to ``limit``
+    characters before it is escaped (:func:`grading.one_line`: a longer one ends in "…")."""
+    text = html.escape(one_line(text, limit), quote=False)
     for ch, entity in (("|", "&#124;"), ("`", "&#96;"), ("*", "&#42;"), ("](", "]&#40;"), ("://", ":&#47;&#47;"),
                        ("www.", "www&#46;")):   # no link, and no address a viewer turns into one
         text = text.replace(ch, entity)
-    return " ".join(text.split())
+    return text
 
 
 def _shown(value) -> str:

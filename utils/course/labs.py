@@ -31,7 +31,16 @@ from pathlib import Path
 
 import nbformat
 
-from ..constants import COURSE_REPO, LABS_DIR, LESSON_GLOB, NOTEBOOKS_DIR, REPO_ROOT, SETUP_TAG, SOLUTIONS_DIR
+from ..constants import (
+    COURSE_REPO,
+    LABS_DIR,
+    LESSON_GLOB,
+    NOTEBOOKS_DIR,
+    REPO_ROOT,
+    SETUP_MARK,
+    SETUP_TAG,
+    SOLUTIONS_DIR,
+)
 from . import grading, solutions
 from .cells import (
     TEXT_STUB,
@@ -68,6 +77,10 @@ INSTRUCTIONS = """\
 > `# [setup] ...` and the answer cells above it, never the training before it (the grader runs
 > just those): to reach an exercise without waiting for that training, run those cells, then the check.
 >
+> **An exercise not done yet** stops "Run All" at its check. To go on past it, click the next cell and
+> choose Run > "Run Selected Cell and All Below": each cell that needs the exercise is skipped with a
+> note naming it, the others run, and the results cell at the end keeps the records of what ran.
+>
 > **Written questions** ask what *your* run showed: replace `YOUR ANSWER HERE` in the cell under
 > each one with a few sentences (double-click the cell to edit it). Your instructor marks them by hand.
 """
@@ -76,7 +89,6 @@ INSTRUCTIONS = """\
 COLAB_BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                "(https://colab.research.google.com/github/{repo}/blob/main/labs/{name}.ipynb)")
 CLONE_DEFAULT = re.compile(r'(os\.environ\.get\("COURSE_REPO_URL", )"https://github\.com/[^"]+\.git"\)')
-SETUP_MARK = "# [setup] The graded checks need this cell: run it before the exercises below."
 # ipykernel's own kernelspec (its kernel.json), which JupyterLab writes into a notebook it opens
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
