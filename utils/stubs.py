@@ -34,6 +34,7 @@ from .constants import CHECK_HEAD, LOCKED_CHECK_HEAD, SETUP_MARK, STUB_RE
 
 NEVER_SKIPPED = (CHECK_HEAD, LOCKED_CHECK_HEAD, SETUP_MARK)   # first lines of the cells that always run
 BLOCKED: dict[str, tuple[str, ...]] = {}   # a name a skipped cell would have bound -> the exercises it waited for
+FILLED: set[str] = set()   # ... of which those it would only have filled (the container exists: a fill mends it)
 _state = {"paused": False, "skipped": False}   # paused: a results cell reads its own body; skipped: this cell was
 
 
@@ -79,18 +80,29 @@ def globals_read(code: CodeType) -> set[str]:
     return names
 
 
-def blocked(namespace: dict, rebound=frozenset()) -> dict[str, tuple[tuple[str, ...], str, str | None]]:
-    """What a cell that binds the names ``rebound`` cannot use yet: ``{name: (exercises, why, via)}``, ``why`` one of
-    ``"stub"`` (the exercise's own stub), ``"skipped"`` (a skipped cell would have set it: :data:`BLOCKED`) and
-    ``"calls"`` (a function or class of the notebook whose code reads the blocked name ``via``). A name the cell
-    binds itself is not blocked (``runs = {}`` mends what a skipped cell left out). Empty when every exercise is
-    done (the usual case, and then nothing more is read)."""
-    out = {name: (exercises, "stub", None) for name, exercises in stubs(namespace).items() if name not in rebound}
+def blocked(namespace: dict, binds=frozenset(), fills=frozenset()) -> dict[str, tuple[tuple[str, ...], str, str]]:
+    """What a cell that binds the names ``binds`` and fills the containers ``fills`` cannot use yet: ``{name:
+    (exercises, why, root)}``, ``why`` one of ``"stub"`` (the exercise's own stub), ``"skipped"`` (a skipped cell
+    would have set it: :data:`BLOCKED`) and ``"calls"`` (a function or class of the notebook whose code reads, at
+    the end of a chain of such functions, the stub or skipped name ``root``). What the cell binds itself is not
+    blocked (``runs = {}`` mends what a skipped cell left out), nor a container it fills that a skipped cell only
+    filled. Empty when every exercise is done (the usual case, and then nothing more is read)."""
+    mended = set(binds) | (set(fills) & FILLED)
+    out = {name: (exercises, "stub", name) for name, exercises in stubs(namespace).items() if name not in mended}
     for name, exercises in BLOCKED.items():
-        if name not in rebound:
-            out.setdefault(name, (exercises, "skipped", None))
+        if name not in mended:
+            out.setdefault(name, (exercises, "skipped", name))
     if not out:
         return out
+    reads = {name: sorted(set().union(*map(globals_read, codes))) for name, value in list(namespace.items())
+             if name not in out and (codes := _own(value))}
+    grown = True
+    while grown:   # to a fixed point: a function that calls a function that calls a stub is blocked too
+        grown = False
+        for name, names in reads.items():
+            if name not in out and (via := next((n for n in names if n in out), None)):
+                out[name], grown = (out[via][0], "calls", out[via][2]), True
+    return out
     reads = {name: sorted(set().union(*map(globals_read, codes))) for name, value in list(namespace.items())
              if name not in out and (codes := _own(value))}
     grown = True
@@ -111,8 +123,13 @@ class _Reader(ast.NodeVisitor):
         self.reads, self.binds, self.fills = [], set(), set()
         self.bodies = {}   # a function the cell defines -> the names its body reads from outside (when it is called)
 
-    def visit_Name(self, node):
-        (self.reads.append if isinstance(node.ctx, ast.Load) else self.binds.add)(node.id)
+    def visit_Name(self, node):   # del x needs x as much as a read does
+        (self.binds.add if isinstance(node.ctx, ast.Store) else self.reads.append)(node.id)
+
+    def visit_AugAssign(self, node):   # steps += 1 reads steps first
+        if isinstance(node.target, ast.Name):
+            self.reads.append(node.target.id)
+        self.generic_visit(node)
 
     def visit_Subscript(self, node):
         if not isinstance(node.ctx, ast.Load):
@@ -180,26 +197,37 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+_COMPOUND = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
+             ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def read_cell(source: str) -> tuple[list[str], set[str], set[str]] | None:
     """``(reads, binds, fills)`` of a cell's Python source (after IPython's own transforms): the names its top-level
-    code reads and does not bind itself, in order of appearance, and those that the bodies of the functions it
-    defines and uses (calls, passes on) read; the names it binds; the containers it fills.
-    None when the source does not parse (IPython then reports the error as usual)."""
+    code reads before it binds them, in order (``model = model.to(device)`` reads ``model``; within a loop or a
+    ``with`` block, what the block binds is its own), and those read by the bodies of the functions it defines and
+    uses (calls, passes on); the names it binds; the containers it fills. None when the source does not parse
+    (IPython then reports the error as usual)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
-    reader = _Reader()
-    reader.visit(tree)
-    reads = [n for n in reader.reads if n not in reader.binds]
-    called, waiting = set(), [n for n in reader.reads if n in reader.bodies]
+    reads, seen, binds, fills, bodies = [], [], set(), set(), {}
+    for statement in tree.body:
+        reader = _Reader()
+        reader.visit(statement)
+        own = reader.binds if isinstance(statement, _COMPOUND) else set()
+        reads += [n for n in reader.reads if n not in binds and n not in own]
+        seen += reader.reads
+        binds, fills = binds | reader.binds, fills | reader.fills
+        bodies.update(reader.bodies)
+    called, waiting = set(), [n for n in seen if n in bodies]
     while waiting:   # a function the cell defines and uses: what its body reads is read now too
         name = waiting.pop(0)
         if name not in called:
             called.add(name)
-            reads += [n for n in reader.bodies[name] if n not in reader.binds]
-            waiting += [n for n in reader.bodies[name] if n in reader.bodies]
-    return list(dict.fromkeys(reads)), reader.binds, reader.fills
+            reads += [n for n in bodies[name] if n not in binds]
+            waiting += [n for n in bodies[name] if n in bodies]
+    return list(dict.fromkeys(reads)), binds, fills
 
 
 # ----------------------------------------------------------------------------- in the kernel
@@ -217,25 +245,29 @@ def skip_if_blocked(lines: list[str]) -> list[str]:
 
         namespace = get_ipython().user_ns
         cell = read_cell("".join(lines)) if BLOCKED or stubs(namespace) else None
-        block = blocked(namespace, cell[1]) if cell else {}
+        block = blocked(namespace, cell[1], cell[2]) if cell else {}
         need = next((n for n in cell[0] if n in block), None) if block else None
         if need is None:
             return lines
-        names = sorted(cell[1] | cell[2])
         exercises = tuple(sorted({e for n in cell[0] if n in block for e in block[n][0]}))   # all it waits for
-        _, why, via = block[need]
-        return [f"__import__('utils.stubs').stubs.skipped_cell({names!r}, {need!r}, {exercises!r}, {why!r}, {via!r})\n"]
+        _, why, root = block[need]
+        args = (sorted(cell[1]), sorted(cell[2]), need, exercises, why, root, block[root][1])
+        return [f"__import__({__name__!r}, fromlist=['_']).skipped_cell(*{args!r})\n"]
     except Exception:  # noqa: BLE001 -- a skip is a courtesy: it never stops a cell from running
         return lines
 
 
-def skipped_cell(names: list[str], need: str, exercises: tuple[str, ...], why: str, via: str | None) -> None:
-    """What a skipped cell runs instead of its code: block ``names`` (what it binds and fills) and print why, e.g.
-    ``Skipped (nothing in this cell ran): it uses `train_rl`, which needs `gae` (exercise 07-gae, not done yet).``,
-    then what to do: finish the exercise or, when it is done and only what a skipped cell would have set is
-    missing, run the cells that set it again."""
+def skipped_cell(binds: list[str], fills: list[str], need: str, exercises: tuple[str, ...], why: str, root: str,
+                 root_why: str) -> None:
+    """What a skipped cell runs instead of its code: block what it binds and fills, and print why, e.g. ``Skipped
+    (nothing in this cell ran): it uses `train_rl`, which calls `gae` (exercise 07-gae, not done yet).``, then what
+    to do: finish the exercise or, when it is done and only what a skipped cell would have set is missing, run
+    the cells that set it again. ``need``, ``why`` and ``root``: :func:`blocked`'s entry for the name the cell
+    needs; ``root_why``: the ``why`` of ``root`` ("stub" or "skipped")."""
     _state["skipped"] = True
-    BLOCKED.update({name: tuple(exercises) for name in names})
+    FILLED.update(n for n in fills if n not in binds and (n in FILLED or n not in BLOCKED))
+    FILLED.difference_update(binds)
+    BLOCKED.update({name: tuple(exercises) for name in (*binds, *fills)})
     many = len(exercises) > 1
     todo = f"exercise{'s' * many} {', '.join(exercises)}"
     try:
@@ -244,22 +276,23 @@ def skipped_cell(names: list[str], need: str, exercises: tuple[str, ...], why: s
         done = not set(exercises) & set(unfinished(get_ipython().user_ns))
     except Exception:  # noqa: BLE001 -- outside a kernel: as if not done
         done = False
-    state = "" if done else ", not done yet"
-    reason = {"stub": f"it calls `{need}` ({todo}{state})",
-              "calls": f"it uses `{need}`, which needs `{via}` ({todo}{state})",
-              "skipped": f"it needs `{need}`, which a cell skipped above would have set ({todo}{state})"}[why]
+    set_above = "which a cell skipped above would have set"
+    what = f"calls `{root}`" if root_why == "stub" else f"needs `{root}`, {set_above}"
+    reason = {"stub": f"it calls `{need}`", "skipped": f"it needs `{need}`, {set_above}",
+              "calls": f"it uses `{need}`, which {what}"}[why]
     how = "their answer cells, then their graded checks" if many else "its answer cell, then its graded check"
-    advice = (f"{todo.capitalize()} {'are' if many else 'is'} done now: run again the cells above that set "
-              f"`{need if why == 'skipped' else via}`, then this one." if done else
+    advice = (f"{todo[0].upper()}{todo[1:]} {'are' if many else 'is'} done now: run again the cells above that set "
+              f"`{root}`, then this one." if done else
               f"Finish {todo} ({how}), then run this section again. The results cell at the end keeps the records "
               "of what ran.")
-    print(f"Skipped (nothing in this cell ran): {reason}.\n{advice}")
+    print(f"Skipped (nothing in this cell ran): {reason} ({todo}{'' if done else ', not done yet'}).\n{advice}")
 
 
 def _after_cell(result) -> None:
-    """IPython's ``post_run_cell`` event: the names a cell that ran binds are no longer blocked."""
+    """IPython's ``post_run_cell`` event: what a cell that ran without an error binds and fills is no longer
+    blocked (a cell that failed half-way may have set none of it)."""
     skipped, _state["skipped"] = _state["skipped"], False
-    if skipped or not BLOCKED:
+    if skipped or not BLOCKED or not getattr(result, "success", False):
         return
     try:
         from IPython import get_ipython
@@ -267,8 +300,9 @@ def _after_cell(result) -> None:
         cell = read_cell(get_ipython().input_transformer_manager.transform_cell(result.info.raw_cell))
     except Exception:  # noqa: BLE001 -- an event handler must not raise
         return
-    for name in cell[1] if cell else ():
+    for name in (cell[1] | cell[2]) if cell else ():
         BLOCKED.pop(name, None)
+        FILLED.discard(name)
 
 
 # The errors a cell that needs an unfinished exercise meets (a stub's own NotImplementedError is a RuntimeError); not

@@ -308,3 +308,12 @@ def test_a_lab_with_every_exercise_undone_runs_on_past_its_checks(tmp_path):
     assert len(ran) >= 8, "the cells that need no exercise run (setup, the formats' table, the NF4 code)"
     nbformat.write(nb, str(tmp_path / "executed.ipynb"))
     assert "06/results_failed" in read_records(tmp_path / "executed.ipynb")
+
+
+@pytest.mark.parametrize("lesson", labs.lesson_paths(), ids=lambda p: p.stem)
+def test_a_labs_long_run_command_runs_the_lab_not_the_lessons_answers(lesson):
+    markdown = lambda path: "\n".join(c.source for c in nbformat.read(path, as_version=4).cells  # noqa: E731
+                                      if c.cell_type == "markdown")
+    said, lab = markdown(lesson), markdown(LABS_DIR / lesson.name)
+    assert f"python -m utils run {lesson.stem[:2]} " not in lab
+    assert (f"python -m utils run labs/{lesson.name} " in lab) == (f"python -m utils run {lesson.stem[:2]} " in said)

@@ -1,10 +1,12 @@
 """utils.presets.hardware and utils.presets.sizing: the cards, the models' shapes and the upper-bound time estimate
 of every lesson on its preset's card (docs/gpu.md, "Estimated time on each card")."""
+import json
+
 import pytest
 import torch
 
 from utils import presets
-from utils.constants import REPO_ROOT
+from utils.constants import NOTEBOOKS_DIR, REPO_ROOT
 from utils.course import twins
 from utils.presets import hardware, sizing
 
@@ -132,3 +134,11 @@ def test_auto_says_which_preset_it_chose_and_why(fake_gpu, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert cfg.preset == "24g" and "auto: NVIDIA GeForce RTX 4090" in out
     assert "-> '24g', the largest preset it fits (at least 20 GB and bf16)" in out
+
+
+def test_a_lesson_over_the_budget_says_how_to_run_it_from_a_terminal():
+    """A lesson over an hour on a card (sizing.OVER_BUDGET) says so in its header, with the command of a long run."""
+    for lesson in sorted({lesson for lesson, _ in sizing.OVER_BUDGET}):
+        (path,) = NOTEBOOKS_DIR.glob(f"{lesson}_*.ipynb")
+        header = "".join(json.loads(path.read_text(encoding="utf-8"))["cells"][0]["source"])
+        assert "Long GPU runs" in header and f"nohup python -m utils run {lesson} --preset" in header, lesson

@@ -36,15 +36,19 @@ def test_read_cell_reads_what_runs_now_and_not_what_runs_later():
         "runs['PPO'][0] = train(rollout)\n"                     # runs is filled: it must exist already
         "model.config.x = cfg\n"
         "try:\n    pass\nexcept KeyError as err:\n    print(err)\n"
-        "total = total + 1\n")                                  # read and bound: the cell's own
+        "total = total + 1\n")                                  # read before it is bound
     assert reads == ["register", "table", "default_steps", "Out", "top_k", "Base", "width", "values", "cut", "runs",
-                     "rollout", "model", "cfg", "KeyError", "print", "gae", "later"], reads   # train() is called: its body is read too
+                     "rollout", "model", "cfg", "KeyError", "print", "total", "gae", "later"], reads   # train() is
+    # called: its body is read too
     assert binds == {"np", "os", "train", "score", "Probe", "doubled", "err", "total"}, binds
     assert fills == {"runs"}
     assert stubs.read_cell("f = lambda x: g(x) + y\nz = f(1)\n")[0] == ["g", "y"]
     assert stubs.read_cell("def outer():\n    def inner():\n        return deep\n    return inner()\nouter()")[0] == \
         ["deep"]
     assert stubs.read_cell("def unused():\n    return gae(1)\n")[0] == [], "defined, not used: an answer cell"
+    assert [stubs.read_cell(s)[0] for s in ("model = model.to('cpu')", "steps += 1", "del hack_model",
+                                            "for x in xs:\n    y = x + 1", "x = 1\nprint(x)")] == \
+        [["model"], ["steps"], ["hack_model"], ["xs"], ["print"]]
     assert stubs.read_cell("def broken(:\n") is None
 
 
@@ -62,10 +66,10 @@ def test_blocked_follows_calls_to_a_fixed_point_and_only_the_notebooks_own_code(
     namespace["library_function"] = math.sqrt
     monkeypatch.setattr(stubs, "BLOCKED", {"runs": ("07-gae",)})
     block = stubs.blocked(namespace)
-    assert block == {"gae": (("07-gae",), "stub", None), "runs": (("07-gae",), "skipped", None),
-                     "advantages": (("07-gae",), "calls", "gae"), "train_rl": (("07-gae",), "calls", "advantages"),
-                     "Trainer": (("07-gae",), "calls", "train_rl"), "table": (("07-gae",), "calls", "runs"),
-                     "rollout": (("07-gae",), "calls", "gae"), "cached": (("07-gae",), "calls", "gae")}, block
+    gae = ("07-gae",)
+    assert block == {"gae": (gae, "stub", "gae"), "runs": (gae, "skipped", "runs"), "advantages": (gae, "calls", "gae"),
+                     "train_rl": (gae, "calls", "gae"), "Trainer": (gae, "calls", "gae"), "table": (gae, "calls", "runs"),
+                     "rollout": (gae, "calls", "gae"), "cached": (gae, "calls", "gae")}, block   # the chain's root
     monkeypatch.setattr(stubs, "BLOCKED", {})
     assert stubs.blocked({**namespace, "gae": lambda r: r}) == {}, "every exercise done: nothing is blocked"
     assert stubs.blocked(namespace, {"gae"}) == {}, "a cell that defines the exercise again is not blocked by it"
@@ -84,10 +88,11 @@ def test_unfinished_reads_only_the_notebooks_own_functions_and_classes():
 
 def test_a_skipped_cell_blocks_what_it_would_have_set_and_says_why(monkeypatch, capsys):
     monkeypatch.setattr(stubs, "BLOCKED", {})
-    stubs.skipped_cell(["log", "runs"], "train_rl", ("07-gae", "07-rloo"), "calls", "gae")
-    assert stubs.BLOCKED == {"log": ("07-gae", "07-rloo"), "runs": ("07-gae", "07-rloo")}
+    monkeypatch.setattr(stubs, "FILLED", set())
+    stubs.skipped_cell(["log"], ["runs"], "train_rl", ("07-gae", "07-rloo"), "calls", "gae", "stub")
+    assert stubs.BLOCKED == {"log": ("07-gae", "07-rloo"), "runs": ("07-gae", "07-rloo")} and stubs.FILLED == {"runs"}
     first, advice = capsys.readouterr().out.splitlines()
-    assert first == ("Skipped (nothing in this cell ran): it uses `train_rl`, which needs `gae` "
+    assert first == ("Skipped (nothing in this cell ran): it uses `train_rl`, which calls `gae` "
                      "(exercises 07-gae, 07-rloo, not done yet).")
     assert advice.startswith("Finish exercises 07-gae, 07-rloo (their answer cells, then their graded checks), then")
 
@@ -97,7 +102,7 @@ def lab(tmp_path_factory):
     """A lab in a kernel, run on past its unfinished exercise as "Run Selected Cell and All Below" does."""
     nbclient = pytest.importorskip("nbclient")
     cells = [
-        f"{SETUP_MARK}\nimport sys; sys.path.insert(0, {str(REPO_ROOT)!r})\nimport utils\nruns = {{}}",
+        f"{SETUP_MARK}\nimport sys; sys.path.insert(0, {str(REPO_ROOT)!r})\nimport utils\nruns, results = {{}}, {{}}",
         f"def gae(rewards):\n    # YOUR CODE HERE\n    raise NotImplementedError({STUB!r})",
         f"{LOCKED_CHECK_HEAD} GAE\nassert gae(1) == 2",                                   # 2: fails, never skipped
         "def train_rl(mode):\n    return gae(1) if mode == 'ppo' else 0.5\n\ndef table():\n    return sorted(runs)",
@@ -112,6 +117,12 @@ def lab(tmp_path_factory):
         "def gae(rewards):\n    return 2 * rewards",                                      # 12: the exercise, done
         "runs['PPO'] = train_rl('ppo')\nlog = [runs['PPO']]\nprint(log)",                 # 13: runs now
         "print(len(log), later())",                                                       # 14: rlhf still blocked
+        f"def gae(rewards):\n    raise NotImplementedError({STUB!r})",                      # 15: a stub again
+        "results['ppo'] = train_rl('ppo')",                                               # 16: skipped, fills
+        "print(sorted(results))",                                                         # 17: skipped
+        "def gae(rewards):\n    return 2 * rewards",                                      # 18: done again
+        "results['ppo'] = train_rl('ppo')",                                               # 19: its fill mends it
+        "print(sorted(results))",                                                         # 20: runs again
     ]
     nb = new_notebook(cells=[new_code_cell(c) for c in cells])
     tmp = tmp_path_factory.mktemp("lab")
@@ -131,14 +142,14 @@ def test_cells_that_need_an_unfinished_exercise_are_skipped_with_a_note(lab):
     check = nb.cells[2].outputs[0]
     assert check["output_type"] == "error" and check["ename"] == "NotImplementedError", "a check is never skipped"
     skipped = [i for i, c in enumerate(nb.cells) if _text(c).startswith("Skipped (nothing in this cell ran)")]
-    assert skipped == [4, 5, 6, 7, 14], skipped   # not 10: it sets runs again, and table() reads it
-    assert [o["output_type"] for c in (nb.cells[i] for i in skipped) for o in c.outputs] == ["stream"] * 5, \
+    assert skipped == [4, 5, 6, 7, 14, 16, 17], skipped   # not 10: it sets runs again, and table() reads it
+    assert [o["output_type"] for c in (nb.cells[i] for i in skipped) for o in c.outputs] == ["stream"] * 7, \
         "a skip is not an error: Run All goes on"
-    assert _text(nb.cells[4]).startswith("Skipped (nothing in this cell ran): it uses `train_rl`, which needs `gae` "
+    assert _text(nb.cells[4]).startswith("Skipped (nothing in this cell ran): it uses `train_rl`, which calls `gae` "
                                          "(exercise 07-gae, not done yet).\nFinish exercise 07-gae")
     assert "it needs `log`, which a cell skipped above would have set (exercise 07-gae, not done yet)" in \
         _text(nb.cells[5])
-    assert "it uses `table`, which needs `runs`" in _text(nb.cells[6])
+    assert "it uses `table`, which needs `runs`, which a cell skipped above would have set" in _text(nb.cells[6])
     assert _text(nb.cells[8]) == "[]\n", "a setup cell always runs (here on the runs the skipped cell did not fill)"
     stopped = nb.cells[9].outputs[-1]   # what the reading cannot see stops where the stub is, with the note
     assert stopped["ename"] == "NotImplementedError" and "Until then, cells that need it are skipped" in \
@@ -147,6 +158,7 @@ def test_cells_that_need_an_unfinished_exercise_are_skipped_with_a_note(lab):
     assert _text(nb.cells[13]) == "[2]\n", "once the exercise is done, its cells run again"
     assert "Exercise 07-gae is done now: run again the cells above that set `rlhf`, then this one." in \
         _text(nb.cells[14]), _text(nb.cells[14])
+    assert _text(nb.cells[20]) == "['ppo']\n", "a cell that fills what a skipped cell only filled runs, and mends it"
 
 
 def test_the_results_cell_keeps_the_records_of_what_ran(lab):

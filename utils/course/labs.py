@@ -78,8 +78,11 @@ INSTRUCTIONS = """\
 > just those): to reach an exercise without waiting for that training, run those cells, then the check.
 >
 > **An exercise not done yet** stops "Run All" at its check. To go on past it, click the next cell and
-> choose Run > "Run Selected Cell and All Below": each cell that needs the exercise is skipped with a
-> note naming it, the others run, and the results cell at the end keeps the records of what ran.
+> choose Run > "Run Selected Cell and All Below" (on Colab: Runtime > "Run after"): each cell that
+> needs the exercise (or might: a function that calls it on one branch) is skipped with a note naming
+> it, the others run, and the results cell at the end keeps the records of what ran. Once the
+> exercise is done, run its check, then the sections it skipped again. A run from a terminal
+> (`python -m utils run`) stops at the first check that fails.
 >
 > **Written questions** ask what *your* run showed: replace `YOUR ANSWER HERE` in the cell under
 > each one with a few sentences (double-click the cell to edit it). Your instructor marks them by hand.
@@ -145,6 +148,9 @@ def build_lab(lesson, name: str, repo: str | None = None):
             cell.metadata["editable"] = False
         if is_answer(cell) or is_written(cell) or is_check(cell):
             cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
+        elif cell.cell_type == "markdown":   # a long run from a terminal runs the lab, not the lesson's answers
+            cell.source = re.sub(rf"(python -m utils run ){lesson_number(name)}\b", rf"\g<1>labs/{name}.ipynb",
+                                 cell.source)
         elif cell.cell_type == "code":
             if CLONE_DEFAULT.search(cell.source):   # the setup cell
                 cell.source = CLONE_DEFAULT.sub(lambda m: f'{m.group(1)}"https://github.com/{repo}.git")',
