@@ -334,3 +334,54 @@ def test_outputs_are_checked_before_they_reach_a_feedback_folder(tmp_path):
     nbformat.write(many, tmp_path / "many.ipynb")
     assert submissions.load(tmp_path / "many.ipynb") == (None, f"{submissions.MAX_CELLS + 1} cells, over the "
                                                                 f"{submissions.MAX_CELLS} a lab can have")
+
+
+def test_grading_again_reuses_the_judges_result_of_an_unchanged_notebook(tmp_path, monkeypatch):
+    """The second run (the instructor's marks typed in) runs no judge for a notebook that has not changed, nor the
+    course, the limits or the sandbox; a changed notebook, a result a second run might not repeat (a time limit hit)
+    and --rejudge are judged again."""
+    lesson_path = labs.lesson_paths(["01"])[0]
+    lesson = nbformat.read(lesson_path, as_version=4)
+    checks = {cells.grade_id(c): cells.nbgrader_meta(c)["points"] for c in lesson.cells if cells.is_check(c)}
+    judged, status = [], ["ok"]
+
+    def judge(nb, *args, **kwargs):   # stands in for the judge: what grade_one keeps of it is what is tested here
+        judged.append(len(nb.cells))
+        return {"checks": {g: {"passed": True, "points": p, "max_points": p, "message": "", "ename": None}
+                           for g, p in checks.items()}, "integrity": [], "notes": [], "status": status[0],
+                "detail": "", "answer_errors": [], "setup_errors": [], "skipped": [], "attempts": 1}
+
+    monkeypatch.setattr(grade, "grade_notebook", judge)
+    subs, out = tmp_path / "subs", tmp_path / "grades"
+    subs.mkdir()
+    lab = nbformat.read(labs.LABS_DIR / lesson_path.name, as_version=4)
+    nbformat.write(lab, subs / "ann.ipynb")
+
+    def run(**kwargs):
+        lines = []
+        (row,) = grade.grade_folder(subs, "01", out, jobs=1, progress=lines.append, box=None, **kwargs)
+        return row, any("the judge's result of the last run, reused" in line for line in lines)
+
+    first, reused = run()
+    assert len(judged) == 1 and not reused and (out / grade.JUDGED_DIR / "ann.json").is_file()
+    again, reused = run()
+    assert len(judged) == 1 and reused and again == first, "graded again: the same row, no judge"
+    run(rejudge=True)
+    assert len(judged) == 2
+    lab.cells.append(nbformat.v4.new_markdown_cell("a change"))
+    nbformat.write(lab, subs / "ann.ipynb")
+    run()
+    assert len(judged) == 3, "a changed notebook is judged again"
+    status[0] = "timeout"
+    lab.cells.pop()
+    nbformat.write(lab, subs / "ann.ipynb")
+    run()
+    run()
+    assert len(judged) == 5 and not (out / grade.JUDGED_DIR / "ann.json").exists(), "a time limit hit: judged again"
+    status[0] = "ok"
+    run()
+    run()
+    assert len(judged) == 6
+    monkeypatch.setattr(grade, "course_digest", lambda *args: "the course changed")
+    run()
+    assert len(judged) == 7, "a change of the course (its checks, the judge, utils/) is judged again"

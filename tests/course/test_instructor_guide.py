@@ -93,6 +93,7 @@ def test_the_checklist_runs_as_written(tmp_path):
     type_marks(grades, "ann", {answered: "2", blank[0]: "1"})   # step 4: marks typed in, then grade again
     done = make(moved[1])
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "the judge's result of the last run, reused" in done.stdout, "an unchanged notebook is not judged again"
     (row,) = grade_rows(grades)
     assert (row[answered], row[blank[0]], row[blank[1]]) == ("2", "1", "0"), "the marks typed are kept"
     assert f"unanswered:{blank[0]}" not in row["flags"].split() and f"unanswered:{blank[1]}" in row["flags"].split()

@@ -25,7 +25,9 @@ Usage (from the repository root)::
    points, ``auto_points`` of ``auto_max``, then one empty column per written question for the
    instructor's mark, ``manual_points`` of ``manual_max``), ``written.md`` (every student's
    written answers beside each question and its marking guide: :mod:`written`) and
-   ``feedback/<student>.md`` with ``feedback/<student>/figure-N.png``.
+   ``feedback/<student>.md`` with ``feedback/<student>/figure-N.png``. ``.judged/<student>.json`` keeps each
+   judge's result: grading again (the instructor's marks typed in) reuses it for a notebook that has not changed,
+   nor has the course, the limits or the sandbox (``--rejudge``: run the judge again all the same).
 
 A broken submission (invalid JSON, missing cells, a syntax error, an infinite loop, a crashed
 run, a renamed file, a symbolic link, the wrong lab) gets a row with flags saying what happened
@@ -42,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -54,7 +58,7 @@ from pathlib import Path
 import nbformat
 
 from .. import headlines
-from ..constants import META_KEYS
+from ..constants import META_KEYS, UTILS_DIR
 from ..records import read_records
 from . import labs, sandbox, written
 from .cells import LabError, grade_id, is_check
@@ -72,6 +76,7 @@ from .lessons import lesson_number
 from .submissions import figures as submission_figures
 from .submissions import find_submissions, load, shown_meta, shown_name, unique_safe_names
 
+JUDGED_DIR = ".judged"   # under the output folder: each submission's judge result, for the next run to reuse
 STOPPED_BY = {"timeout": "the notebook time limit", "kernel-died": "a crash of the run",
               "memory-limit": "the memory limit", "process-limit": "the process limit",
               "scratch-full": "the scratch size limit"}
@@ -165,12 +170,43 @@ def _flags(sub: dict, result: dict | None) -> list[str]:
     return flags
 
 
+def course_digest(lesson_path: Path, lab) -> str:
+    """What a judge's result depends on besides the submission: every ``.py`` file under ``utils/`` (the judge, the
+    checks' helpers, the earlier lessons' answers a later lab imports), the lesson (its checks and hidden tests)
+    and its lab (the stubs an answer is compared with)."""
+    digest = hashlib.sha256()
+    for path in sorted(UTILS_DIR.rglob("*.py")):
+        digest.update(path.relative_to(UTILS_DIR).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(Path(lesson_path).read_bytes() + b"\0" + nbformat.writes(lab).encode())
+    return digest.hexdigest()
+
+
+def _judged(path: Path, key: str) -> dict | None:
+    """The judge's result saved at ``path`` by an earlier run under the same ``key``; None when there is none."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        return saved["result"] if saved["key"] == key and isinstance(saved["result"], dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _reusable(result: dict) -> bool:
+    """A judge's result that running it again would give again: the run finished at its first attempt (no time,
+    memory or process limit, no crash, no sandbox failure) and no cell was interrupted at its time limit."""
+    text = json.dumps(result)
+    return result.get("status") == "ok" and result.get("attempts") == 1 and not result.get("notes") \
+        and "KeyboardInterrupt" not in text
+
+
 def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeout: int, cell_timeout: int,
-              box: sandbox.Sandbox | None = None, headline: dict | None = None, marks: dict | None = None) -> dict:
+              box: sandbox.Sandbox | None = None, headline: dict | None = None, marks: dict | None = None,
+              digest: str | None = None) -> dict:
     """Grade one submission and write its feedback; returns its CSV row (never raises).
 
     ``marks``: the instructor's marks of this student's written questions from an earlier run
-    (:func:`written.previous_marks`); they go into the row and into the feedback.
+    (:func:`written.previous_marks`); they go into the row and into the feedback. ``digest``
+    (:func:`course_digest`): the judge's result an earlier run saved for this notebook, under the same digest,
+    limits and sandbox, is reused (``sub["reused"]`` says so); None runs the judge whatever was saved.
 
     Its runs' scratch folders (under ``tmp``) are removed once it is graded."""
     student = sub["student"]
@@ -192,8 +228,22 @@ def grade_one(sub: dict, lesson, lab, lab_name: str, out: Path, tmp: Path, timeo
             theirs = nb.metadata.get(labs.LAB_META_KEY, {}).get("name")
             answered = written.answers(nb, asked)   # read first: a grading error keeps them
             result = {"written": answered}
-            result = {**grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box,
-                                       lesson_number(lab_name)), "written": answered}
+            key = hashlib.sha256(json.dumps([nb, digest, timeout, cell_timeout, box.describe() if box else None],
+                                            sort_keys=True).encode()).hexdigest()
+            saved = out / JUDGED_DIR / f"{safe}.json"
+            judged = _judged(saved, key) if digest else None
+            sub["reused"] = judged is not None
+            if judged is None:
+                judged = grade_notebook(nb, lesson, lab, tmp / safe, timeout, cell_timeout, box,
+                                        lesson_number(lab_name))
+                try:   # kept for the next run; a result that cannot be kept is judged again then
+                    saved.unlink(missing_ok=True)
+                    if digest and _reusable(judged):
+                        saved.parent.mkdir(parents=True, exist_ok=True)
+                        saved.write_text(json.dumps({"key": key, "result": judged}), encoding="utf-8")
+                except (OSError, TypeError, ValueError):
+                    pass
+            result = {**judged, "written": answered}
             if theirs and theirs != lab_name:
                 result["wrong-lab"] = theirs
             records, figures, problems = self_reported(nb)
@@ -248,13 +298,14 @@ def write_csv(rows: list[dict], columns: list[str], path: Path) -> None:
 
 
 def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEBOOK_TIMEOUT_S,
-                 cell_timeout: int = CELL_TIMEOUT_S, progress=print, box: sandbox.Sandbox | None | bool = True
-                 ) -> list[dict]:
+                 cell_timeout: int = CELL_TIMEOUT_S, progress=print, box: sandbox.Sandbox | None | bool = True,
+                 rejudge: bool = False) -> list[dict]:
     """Grade every submission in ``folder`` against lab ``lab`` ("01", a name, or a lesson path).
 
     ``box``: True finds this machine's sandbox (:func:`sandbox.find`, which raises
     :class:`sandbox.SandboxUnavailable` when there is none), a :class:`sandbox.Sandbox` is used as
-    it is, and False or None grades unsandboxed: every row is then flagged ``unsandboxed``.
+    it is, and False or None grades unsandboxed: every row is then flagged ``unsandboxed``. A notebook graded
+    before reuses its judge's result (:func:`grade_one`) unless ``rejudge``.
     """
     folder = Path(folder)
     box = sandbox.find() if box is True else (box or None)
@@ -265,6 +316,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
     lesson = nbformat.read(lesson_path, as_version=4)
     lab_nb = labs.lab_for(lesson_path)
     headline = course_headline(lesson)
+    digest = None if rejudge else course_digest(lesson_path, lab_nb)
     out = Path(out) if out else folder.with_name(folder.name + "-grades")
     out.mkdir(parents=True, exist_ok=True)
     subs = [dict(s, root=folder) for s in find_submissions(folder, lab_name, exclude=out)]
@@ -294,7 +346,7 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
         t = time.perf_counter()
         try:
             row = grade_one(sub, lesson, lab_nb, lab_name, out, tmp, timeout, cell_timeout, box, headline,
-                            marks.get(_cell_text(sub["student"]), {}))
+                            marks.get(_cell_text(sub["student"]), {}), digest)
         except Exception as e:  # even the row or the feedback could not be written: a bare row, the batch goes on
             row = {"student": sub["student"], "lab": lab_name, "auto_points": 0, "auto_max": 0,
                    "flags": " ".join([*sub["flags"], "grader-error"]), "file": "",
@@ -318,7 +370,8 @@ def grade_folder(folder, lab: str, out=None, jobs: int = 2, timeout: int = NOTEB
                 except (OSError, UnicodeError) as e:   # never stops the batch: grades.csv is written
                     progress(f"  written.md could not be written ({type(e).__name__}: {str(e)[:200]})")
             progress(f"  {row['student']:<20} {row['auto_points']:>3} / {row['auto_max']:<3} "
-                     f"{time.perf_counter() - t:6.1f} s  {row['flags']}".rstrip())
+                     f"{time.perf_counter() - t:6.1f} s  {row['flags']}".rstrip()
+                     + ("  (the judge's result of the last run, reused)" if sub.get("reused") else ""))
         return row
 
     try:
@@ -346,6 +399,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-sandbox", action="store_true",
                         help="grade without the sandbox (the students' code runs with your rights); every row is "
                              "flagged `unsandboxed`")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="run the judge again on every notebook, even one graded before and unchanged since")
     args = parser.parse_args(argv)
     try:
         t = time.perf_counter()
@@ -354,7 +409,7 @@ def main(argv=None) -> int:
         labs.lesson_paths([args.lab])  # a wrong lab is said before a missing sandbox
         box = None if args.no_sandbox else sandbox.find(sandbox.Limits(memory=int(args.memory * sandbox.GiB)))
         rows = grade_folder(args.submissions, args.lab, args.out, args.jobs, args.timeout, args.cell_timeout,
-                            box=box)
+                            box=box, rejudge=args.rejudge)
     except sandbox.SandboxUnavailable as e:
         print(f"error: no sandbox: {e}", file=sys.stderr)
         return 2
