@@ -386,7 +386,10 @@ def test_nothing_of_the_instructors_changed(attacked):
     assert digest(attacked["subs"]) == attacked["before"], "a submission changed"
     assert not (REPO_ROOT / "grades.csv").exists() and not (NOTEBOOKS_DIR / "grades.csv").exists()
     made = sorted(digest(attacked["out"]))
-    assert all(p in ("grades.csv", "written.md") or p.startswith("feedback/") for p in made), made
+    judged = [p for p in made if p.startswith(".judged/")]   # the judge's results a second grading reuses
+    assert all(p in ("grades.csv", "written.md") or p.startswith("feedback/") for p in made if p not in judged), made
+    assert judged and all(p.endswith(".json") and f"feedback/{p[len('.judged/'):-5]}.md" in made for p in judged), \
+        "one result per graded student, under the name of their feedback"
     with open(attacked["out"] / "grades.csv", newline="", encoding="utf-8") as f:
         assert {r["student"] for r in csv.DictReader(f)} == set(attacked["rows"]), "a forged row in grades.csv"
 
