@@ -189,11 +189,8 @@ def results_cell(line: str, cell: str) -> None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    stubs._state["paused"] = True   # the body is run statement by statement, never skipped whole
-    try:
+    with stubs.paused():   # the body runs statement by statement, never skipped whole
         source = shell.transform_cell(cell)   # which drops the body's leading blank lines
-    finally:
-        stubs._state["paused"] = False
     first = 2 + len(cell) - len(cell.lstrip("\n"))   # the cell's line 1 is %%results
     failed = run_each(source, shell.user_ns, first_line=first, flags=shell.compile.flags)
     if failed:

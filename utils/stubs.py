@@ -26,6 +26,7 @@ Taught in every lab's instructions ("Exercises first"); docs/students.md says th
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import inspect
 from types import CodeType, FunctionType
@@ -35,7 +36,7 @@ from .constants import CHECK_HEAD, LOCKED_CHECK_HEAD, SETUP_MARK, STUB_RE
 NEVER_SKIPPED = (CHECK_HEAD, LOCKED_CHECK_HEAD, SETUP_MARK)   # first lines of the cells that always run
 BLOCKED: dict[str, tuple[str, ...]] = {}   # a name a skipped cell would have bound -> the exercises it waited for
 FILLED: set[str] = set()   # ... of which those it would only have filled (the container exists: a fill mends it)
-_state = {"paused": False, "skipped": False}   # paused: a results cell reads its own body; skipped: this cell was
+_state = {"paused": False, "skipped": False}   # paused: :func:`paused`; skipped: the cell running now was
 
 
 # ----------------------------------------------------------------------------- what is blocked
@@ -80,15 +81,18 @@ def globals_read(code: CodeType) -> set[str]:
     return names
 
 
-def blocked(namespace: dict, binds=frozenset(), fills=frozenset()) -> dict[str, tuple[tuple[str, ...], str, str]]:
+def blocked(namespace: dict, binds=frozenset(), fills=frozenset(), found: dict | None = None
+            ) -> dict[str, tuple[tuple[str, ...], str, str]]:
     """What a cell that binds the names ``binds`` and fills the containers ``fills`` cannot use yet: ``{name:
     (exercises, why, root)}``, ``why`` one of ``"stub"`` (the exercise's own stub), ``"skipped"`` (a skipped cell
     would have set it: :data:`BLOCKED`) and ``"calls"`` (a function or class of the notebook whose code reads, at
     the end of a chain of such functions, the stub or skipped name ``root``). What the cell binds itself is not
     blocked (``runs = {}`` mends what a skipped cell left out), nor a container it fills that a skipped cell only
-    filled. Empty when every exercise is done (the usual case, and then nothing more is read)."""
+    filled. Empty when every exercise is done (the usual case, and then nothing more is read). ``found``: the
+    namespace's :func:`stubs`, when the caller has them already."""
     mended = set(binds) | (set(fills) & FILLED)
-    out = {name: (exercises, "stub", name) for name, exercises in stubs(namespace).items() if name not in mended}
+    found = stubs(namespace) if found is None else found
+    out = {name: (exercises, "stub", name) for name, exercises in found.items() if name not in mended}
     for name, exercises in BLOCKED.items():
         if name not in mended:
             out.setdefault(name, (exercises, "skipped", name))
@@ -102,15 +106,6 @@ def blocked(namespace: dict, binds=frozenset(), fills=frozenset()) -> dict[str, 
         for name, names in reads.items():
             if name not in out and (via := next((n for n in names if n in out), None)):
                 out[name], grown = (out[via][0], "calls", out[via][2]), True
-    return out
-    reads = {name: sorted(set().union(*map(globals_read, codes))) for name, value in list(namespace.items())
-             if name not in out and (codes := _own(value))}
-    grown = True
-    while grown:   # to a fixed point: a function that calls a function that calls a stub is blocked too
-        grown = False
-        for name, names in reads.items():
-            if name not in out and (via := next((n for n in names if n in out), None)):
-                out[name], grown = (out[via][0], "calls", via), True
     return out
 
 
@@ -182,7 +177,7 @@ class _Reader(ast.NodeVisitor):
         self._inner(node.body)
 
     def _comprehension(self, node):
-        self._inner([n for n in ast.iter_child_nodes(node)])
+        self._inner(list(ast.iter_child_nodes(node)))
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
 
@@ -231,6 +226,16 @@ def read_cell(source: str) -> tuple[list[str], set[str], set[str]] | None:
 
 
 # ----------------------------------------------------------------------------- in the kernel
+@contextlib.contextmanager
+def paused():
+    """Within it, no cell is skipped: ``%%results`` reads its own body, which runs statement by statement."""
+    _state["paused"] = True
+    try:
+        yield
+    finally:
+        _state["paused"] = False
+
+
 def skip_if_blocked(lines: list[str]) -> list[str]:
     """IPython's input transformer (run on each cell's lines before it is compiled): the cell as it is, or, when it
     reads a blocked name and is neither a graded check nor a setup cell, one call of :func:`skipped_cell`. Never
@@ -244,8 +249,9 @@ def skip_if_blocked(lines: list[str]) -> list[str]:
         from IPython import get_ipython
 
         namespace = get_ipython().user_ns
-        cell = read_cell("".join(lines)) if BLOCKED or stubs(namespace) else None
-        block = blocked(namespace, cell[1], cell[2]) if cell else {}
+        found = stubs(namespace)
+        cell = read_cell("".join(lines)) if BLOCKED or found else None
+        block = blocked(namespace, cell[1], cell[2], found) if cell else {}
         need = next((n for n in cell[0] if n in block), None) if block else None
         if need is None:
             return lines
