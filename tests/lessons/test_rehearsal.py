@@ -176,6 +176,13 @@ def test_the_rehearsals_kernel_starts_by_naming_datasets_results_at_random(tmp_p
     out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", probe], capture_output=True, text=True,
                          env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
     assert out.stdout.split()[-4:] == ["[2,", "4]", "0", "False"], out.stdout + out.stderr[-800:]
+    # and a CPU without native bf16 products computes them in fp32 (utils.course.cpu_bf16), any other leaves them
+    from utils.course import cpu_bf16
+
+    probe = "import torch; print(torch.nn.functional.linear.__module__)"
+    out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", probe], capture_output=True, text=True,
+                         env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
+    assert out.stdout.split()[-1:] == (["_course_cpu_bf16"] if cpu_bf16.needed() else ["torch._C._nn"]), out.stderr
 
 
 def test_the_report_says_what_a_cpu_replaces():

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from .. import presets
-from ..constants import REPO_ROOT, RUNS_DIR, TWIN_MEASUREMENTS
+from ..constants import REPO_ROOT, RUNS_DIR, TWIN_MEASUREMENTS, UTILS_DIR
 from . import qwen_tokenizers, twins
 from .run import GLIBC_HEAP_ENV
 
@@ -78,6 +78,24 @@ def _course_rehearsal_startup():
 
 _course_rehearsal_startup()
 del _course_rehearsal_startup
+"""
+# And on a CPU without native bf16 matrix products, those of a bf16 preset are computed as a card computes them
+# (utils/course/cpu_bf16.py, whose source the start-up file holds: it runs before the notebook can import utils).
+KERNEL_STARTUP += f"""
+
+def _course_rehearsal_bf16(source):
+    try:
+        import types
+
+        module = types.ModuleType("_course_cpu_bf16")
+        exec(compile(source, "utils/course/cpu_bf16.py", "exec"), module.__dict__)
+        module.install()
+    except Exception as e:  # a rehearsal runs without it, only slower
+        print(f"(rehearsal start-up: bf16 products stay torch's: {{type(e).__name__}}: {{e}})")
+
+
+_course_rehearsal_bf16({(UTILS_DIR / "course" / "cpu_bf16.py").read_text()!r})
+del _course_rehearsal_bf16
 """
 
 # The stand-in's shape: the architecture's own fields, shrunk (vocabulary, tied embeddings, norms, rope and
@@ -126,6 +144,11 @@ def gpu_only(preset: str) -> list[str]:
         notes.append("fp16 mixed precision needs CUDA: the model and training run in fp32 here")
     else:
         notes.append("bf16 runs on the CPU as on the card (autocast and bf16 weights)")
+        from . import cpu_bf16
+
+        if cpu_bf16.needed():
+            notes.append("this CPU has no native bf16 matrix product (AVX-512 bf16 or AMX): each is computed in "
+                         "fp32 from bf16 operands and rounded to bf16, as a card does (utils/course/cpu_bf16.py)")
     notes.append("bitsandbytes' 4-bit and 8-bit layers run on its CPU backend, not its CUDA kernels")
     notes.append(f"GPU memory and time: {TWIN_MEASUREMENTS.relative_to(REPO_ROOT)} holds what a GPU measured")
     return notes

@@ -1,0 +1,60 @@
+"""bf16 matrix products on a CPU without native bf16 units, computed as a card computes them (rehearsals only).
+
+A GPU's bf16 matrix product reads bf16 operands, accumulates in fp32 and rounds the result to bf16. On a CPU,
+torch hands a bf16 product to oneDNN only where the CPU has AVX-512's bf16 instructions (or AMX); elsewhere
+(AVX2 machines: many AMD EPYCs) ATen falls back to a plain loop. Measured on a 2-core AVX2 EPYC, one thread: the
+logits layer of a rehearsal's stand-in (256 tokens x 64 -> Qwen's 151,936-token vocabulary) took 1.8 s forward
+and 17.2 s backward in bf16, against 0.22 s and 0.50 s in fp32: a `24g` rehearsal of lesson 04 took 234 s.
+
+:func:`install` replaces ``torch.nn.functional.linear`` (what ``nn.Linear``, PEFT's LoRA layers and the models'
+heads call) with :func:`linear`, which does exactly that arithmetic in fp32 kernels: bf16 operands (rounded to
+bf16 first, as autocast would), an fp32 product and sum, one rounding to bf16. Every other case, mixed dtypes
+included, goes to torch's own ``linear`` unchanged, so a dtype error a card would raise is still raised. A
+rehearsal's kernel installs it at start-up (``utils.course.rehearsal.KERNEL_STARTUP``) on such CPUs only; nothing
+a rehearsal records is compared, and its report says so. No lesson imports this module: a lesson's run computes
+with torch's own kernels.
+
+This file is loaded by path (it imports nothing of ``utils``), before the notebook's setup cell runs.
+"""
+from __future__ import annotations
+
+import torch
+
+_TORCH_LINEAR = torch.nn.functional.linear
+
+
+def needed() -> bool:
+    """True where torch has no fast bf16 matrix product on this CPU (oneDNN's needs AVX-512 bf16 or AMX)."""
+    try:
+        return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):   # a torch built without oneDNN: ATen's loop, as above
+        return True
+
+
+def _bf16_product(tensors) -> bool:
+    """Whether ``linear`` on ``tensors`` (input, weight and the bias when given) is a bf16 product: all bf16,
+    or all floating point under CPU autocast to bf16 (which casts them to bf16 before the product)."""
+    if all(t.dtype == torch.bfloat16 for t in tensors):
+        return True
+    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and all(t.is_floating_point() and t.device.type == "cpu" for t in tensors))
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.nn.functional.linear`` (``input @ weight.T + bias``; input ``(*, in)``, weight ``(out, in)``, bias
+    ``(out,)``); a bf16 product (:func:`_bf16_product`) is computed in fp32 from the bf16-rounded operands and
+    returned in bf16, differentiable as the original. Anything else is torch's own ``linear``."""
+    tensors = (input, weight) if bias is None else (input, weight, bias)
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) or not _bf16_product(tensors):
+        return _TORCH_LINEAR(input, weight, bias)
+    with torch.autocast("cpu", enabled=False):
+        up = [t.to(torch.bfloat16).float() for t in tensors]
+        return _TORCH_LINEAR(*up).to(torch.bfloat16)
+
+
+def install() -> bool:
+    """Make ``torch.nn.functional.linear`` :func:`linear` where :func:`needed`; True if it did."""
+    if not needed():
+        return False
+    torch.nn.functional.linear = linear
+    return True
