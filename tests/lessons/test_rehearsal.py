@@ -164,24 +164,23 @@ def test_the_rehearsals_kernel_starts_by_naming_datasets_results_at_random(tmp_p
     import subprocess
     import sys
 
+    def ipython(code, folder):
+        return subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", code], capture_output=True,
+                              text=True, env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
+
     folder = rehearsal.kernel_startup(tmp_path)
-    names = [subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", "print(sorted(dir()))"],
-                            capture_output=True, text=True, env={**rehearsal.os.environ, "IPYTHONDIR": str(d)}).stdout
-             for d in (folder, tmp_path / "plain")]
+    names = [ipython("print(sorted(dir()))", d).stdout for d in (folder, tmp_path / "plain")]
     assert names[0] == names[1] and "open" in names[0], "the start-up leaves no name in the notebook"
     probe = ("import datasets, datasets.fingerprint as f\n"
              "d, calls = datasets.Dataset.from_dict({'x': [1, 2]}), []\n"
              "f.Hasher.hash = lambda *a, **k: calls.append(1) or '0'\n"
              "print(list(d.map(lambda r: {'y': r['x'] * 2})['y']), len(calls), datasets.is_caching_enabled())\n")
-    out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", probe], capture_output=True, text=True,
-                         env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
+    out = ipython(probe, folder)
     assert out.stdout.split()[-4:] == ["[2,", "4]", "0", "False"], out.stdout + out.stderr[-800:]
     # and a CPU without native bf16 products computes them in fp32 (utils.course.cpu_bf16), any other leaves them
     from utils.course import cpu_bf16
 
-    probe = "import torch; print(torch.nn.functional.linear.__module__)"
-    out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "-c", probe], capture_output=True, text=True,
-                         env={**rehearsal.os.environ, "IPYTHONDIR": str(folder)})
+    out = ipython("import torch; print(torch.nn.functional.linear.__module__)", folder)
     assert out.stdout.split()[-1:] == (["_course_cpu_bf16"] if cpu_bf16.needed() else ["torch._C._nn"]), out.stderr
 
 

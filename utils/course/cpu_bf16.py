@@ -14,7 +14,8 @@ rehearsal's kernel installs it at start-up (``utils.course.rehearsal.KERNEL_STAR
 a rehearsal records is compared, and its report says so. No lesson imports this module: a lesson's run computes
 with torch's own kernels.
 
-This file is loaded by path (it imports nothing of ``utils``), before the notebook's setup cell runs.
+The start-up runs this file's source (it imports nothing of ``utils``), before the notebook's setup cell makes
+``utils`` importable.
 """
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ def needed() -> bool:
 
 def _bf16_product(tensors) -> bool:
     """Whether ``linear`` on ``tensors`` (input, weight and the bias when given) is a bf16 product: all bf16,
-    or all floating point under CPU autocast to bf16 (which casts them to bf16 before the product)."""
-    if all(t.dtype == torch.bfloat16 for t in tensors):
-        return True
-    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-            and all(t.is_floating_point() and t.device.type == "cpu" for t in tensors))
+    or all floating point under CPU autocast to bf16 (which casts them to bf16 before the product); on the CPU."""
+    if not all(t.device.type == "cpu" and t.is_floating_point() for t in tensors):
+        return False
+    return all(t.dtype == torch.bfloat16 for t in tensors) or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
