@@ -180,8 +180,9 @@ def test_the_rehearsals_kernel_starts_by_naming_datasets_results_at_random(tmp_p
     # and a CPU without native bf16 products computes them in fp32 (utils.course.cpu_bf16), any other leaves them
     from utils.course import cpu_bf16
 
-    out = ipython("import torch; print(torch.nn.functional.linear.__module__)", folder)
-    assert out.stdout.split()[-1:] == (["_course_cpu_bf16"] if cpu_bf16.needed() else ["torch._C._nn"]), out.stderr
+    out = ipython("import torch; print(torch.nn.functional.linear.__module__, torch.mm.__module__)", folder)
+    want = ["_course_cpu_bf16"] * 2 if cpu_bf16.needed() else ["torch._C._nn", "torch"]
+    assert out.stdout.split()[-2:] == want, out.stderr
 
 
 def test_the_report_says_what_a_cpu_replaces():

@@ -7,9 +7,11 @@ logits layer of a rehearsal's stand-in (256 tokens x 64 -> Qwen's 151,936-token 
 and 17.2 s backward in bf16, against 0.22 s and 0.50 s in fp32: a `24g` rehearsal of lesson 04 took 234 s.
 
 :func:`install` replaces ``torch.nn.functional.linear`` (what ``nn.Linear``, PEFT's LoRA layers and the models'
-heads call) with :func:`linear`, which does exactly that arithmetic in fp32 kernels: bf16 operands (rounded to
-bf16 first, as autocast would), an fp32 product and sum, one rounding to bf16. Every other case, mixed dtypes
-included, goes to torch's own ``linear`` unchanged, so a dtype error a card would raise is still raised. A
+heads call) with :func:`linear`, and ``torch.mm`` (what TRL's chunked log-probabilities, ``trl/kernels/
+chunked_logprob.py``, call on each tile of the logits) with :func:`mm`. Both do exactly that arithmetic in fp32
+kernels: bf16 operands (rounded to bf16 first, as autocast would), an fp32 product and sum, one rounding to bf16.
+Every other case, mixed dtypes included, goes to torch's own function unchanged, so a dtype error a card would
+raise is still raised. A
 rehearsal's kernel installs it at start-up (``utils.course.rehearsal.KERNEL_STARTUP``) on such CPUs only; nothing
 a rehearsal records is compared, and its report says so. No lesson imports this module: a lesson's run computes
 with torch's own kernels.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 
 _TORCH_LINEAR = torch.nn.functional.linear
+_TORCH_MM = torch.mm
 
 
 def needed() -> bool:
@@ -33,9 +36,11 @@ def needed() -> bool:
 
 
 def _bf16_product(tensors) -> bool:
-    """Whether ``linear`` on ``tensors`` (input, weight and the bias when given) is a bf16 product: all bf16,
-    or all floating point under CPU autocast to bf16 (which casts them to bf16 before the product); on the CPU."""
-    if not all(t.device.type == "cpu" and t.is_floating_point() for t in tensors):
+    """Whether a product of ``tensors`` (plain tensors: ``linear``'s input, weight and the bias when given, or
+    ``mm``'s two matrices) is a bf16 product: all bf16, or all floating point under CPU autocast to bf16 (which
+    casts them to bf16 before the product); on the CPU."""
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.is_floating_point()
+               for t in tensors):
         return False
     return all(t.dtype == torch.bfloat16 for t in tensors) or (
         torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
@@ -46,16 +51,35 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     ``(out,)``); a bf16 product (:func:`_bf16_product`) is computed in fp32 from the bf16-rounded operands and
     returned in bf16, differentiable as the original. Anything else is torch's own ``linear``."""
     tensors = (input, weight) if bias is None else (input, weight, bias)
-    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) or not _bf16_product(tensors):
+    if not _bf16_product(tensors):
         return _TORCH_LINEAR(input, weight, bias)
     with torch.autocast("cpu", enabled=False):
         up = [t.to(torch.bfloat16).float() for t in tensors]
         return _TORCH_LINEAR(*up).to(torch.bfloat16)
 
 
+def mm(input: torch.Tensor, mat2: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``torch.mm`` (input ``(n, m)`` @ mat2 ``(m, p)`` -> ``(n, p)``, optionally into ``out=``); a bf16 product
+    (:func:`_bf16_product`) is computed in fp32 from the bf16-rounded operands and rounded to bf16 once,
+    differentiable as the original. Into ``out=`` only all-bf16 tensors of matching shapes without autograd (torch
+    autocasts no ``out=`` call and differentiates none). Anything else is torch's own ``mm``."""
+    out = kwargs.get("out")
+    ours = not set(kwargs) - {"out"} and _bf16_product((input, mat2)) and input.dim() == mat2.dim() == 2
+    if ours and out is not None:
+        ours = (type(out) is torch.Tensor and input.dtype == mat2.dtype == out.dtype == torch.bfloat16
+                and out.shape == (input.shape[0], mat2.shape[1])
+                and not (torch.is_grad_enabled() and (input.requires_grad or mat2.requires_grad)))
+    if not ours:
+        return _TORCH_MM(input, mat2, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        result = _TORCH_MM(input.to(torch.bfloat16).float(), mat2.to(torch.bfloat16).float()).to(torch.bfloat16)
+    return result if out is None else out.copy_(result)
+
+
 def install() -> bool:
-    """Make ``torch.nn.functional.linear`` :func:`linear` where :func:`needed`; True if it did."""
+    """Make ``torch.nn.functional.linear`` :func:`linear` and ``torch.mm`` :func:`mm` where :func:`needed`; True
+    if it did."""
     if not needed():
         return False
-    torch.nn.functional.linear = linear
+    torch.nn.functional.linear, torch.mm = linear, mm
     return True
