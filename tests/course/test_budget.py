@@ -62,17 +62,22 @@ def test_the_session_prints_its_parts_and_fails_over_budget_only_when_strict(pyt
 
 
 def test_under_xdist_the_workers_tests_and_their_cpu_time_reach_the_table(pytester, monkeypatch):
-    """`make test-fast` runs on pytest-xdist's workers: their tests land in their parts, with their CPU time."""
+    """`make test-fast` runs on pytest-xdist's workers: their tests land in their parts, with their CPU time. The
+    same session (one start of workers for both plugins, as `make test-fast` loads them) checks that a worker
+    refuses the lessons, which one process executes (tests/lesson_runs.py): its test fails saying why."""
     from utils.constants import REPO_ROOT
 
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
     pytester.makepyfile(test_x="import pytest, time\n"
                                "def test_burn():\n    t = time.process_time()\n"
                                "    while time.process_time() - t < 1.0: pass\n"
-                               "@pytest.mark.slow\ndef test_slow():\n    pass\n")
+                               "@pytest.mark.slow\ndef test_slow():\n    pass\n",
+                        test_lesson01="def test_a(lesson_runs):\n    lesson_runs.records('01')\n")
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
-    result = pytester.runpytest_subprocess("-p", "tests.budget", "-p", "no:cacheprovider", "-n", "2")
-    assert result.ret == 0, result.stdout.str()[-2000:]
+    result = pytester.runpytest_subprocess("-p", "tests.budget", "-p", "tests.lesson_runs", "-p", "no:cacheprovider",
+                                           "-n", "2", "-rf")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*_ test_a _*", "the lessons execute once per session*without -n*"])
     (unit,) = [line.split() for line in result.stdout.lines if line.startswith("unit tests")]
     assert 1 <= float(unit[-1]) < 6, unit                       # the CPU column: the burn's second
     assert any(line.startswith("other slow tests") for line in result.stdout.lines), "the marker read from the report"

@@ -154,14 +154,8 @@ def test_the_tests_that_read_the_lessons_run_last(pytester):
     assert ids == ["test_zz.py::test_b", "test_lesson01.py::test_a"]
 
 
-def test_xdist_workers_refuse_the_lessons_which_one_process_executes(pytester, monkeypatch):
-    """Under `pytest -n 2` every worker would execute every lesson it saw: their tests fail saying why, others pass."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
-    pytester.makepyfile(test_lesson01="def test_a(lesson_runs):\n    lesson_runs.records('01')\n",
-                        test_other="def test_b():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "tests.lesson_runs", "-p", "no:cacheprovider", "-n", "2", "-rf")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*_ test_a _*", "the lessons execute once per session*without -n*"])
+# Under `pytest -n 2` every worker would execute every lesson it saw: their tests fail saying why, others pass.
+# Tested with the budget's table under xdist, in one start of workers: tests/course/test_budget.py.
 
 
 def _notebook(path, checked_output: str, unchecked_output: str):
