@@ -11,10 +11,9 @@ heads call) with :func:`linear`, and ``torch.mm`` (what TRL's chunked log-probab
 chunked_logprob.py``, call on each tile of the logits) with :func:`mm`. Both do exactly that arithmetic in fp32
 kernels: bf16 operands (rounded to bf16 first, as autocast would), an fp32 product and sum, one rounding to bf16.
 Every other case, mixed dtypes included, goes to torch's own function unchanged, so a dtype error a card would
-raise is still raised. A
-rehearsal's kernel installs it at start-up (``utils.course.rehearsal.KERNEL_STARTUP``) on such CPUs only; nothing
-a rehearsal records is compared, and its report says so. No lesson imports this module: a lesson's run computes
-with torch's own kernels.
+raise is still raised. A rehearsal's kernel installs both at start-up (``utils.course.rehearsal.KERNEL_STARTUP``)
+on such CPUs only; nothing a rehearsal records is compared, and its report says so. No lesson imports this
+module: a lesson's run computes with torch's own kernels.
 
 The start-up runs this file's source (it imports nothing of ``utils``), before the notebook's setup cell makes
 ``utils`` importable.
