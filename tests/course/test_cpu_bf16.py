@@ -4,7 +4,7 @@ import torch
 
 from utils.course import cpu_bf16
 
-TORCH_LINEAR = cpu_bf16._TORCH_LINEAR
+TORCH_LINEAR, TORCH_MM = cpu_bf16._TORCH_LINEAR, cpu_bf16._TORCH_MM
 
 
 def operands(dtype, seed=0, bias=True):
@@ -72,9 +72,6 @@ def test_install_replaces_linear_and_mm_only_where_needed(monkeypatch):
     layer = torch.nn.Linear(96, 40).to(torch.bfloat16)
     x = operands(torch.bfloat16)[0]
     assert torch.equal(layer(x), cpu_bf16.linear(x, layer.weight, layer.bias)), "nn.Linear goes through it"
-
-
-TORCH_MM = cpu_bf16._TORCH_MM
 
 
 def matrices(dtype, seed=1):

@@ -45,6 +45,13 @@ def _bf16_product(tensors) -> bool:
         torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
+def _as_a_card(op, tensors) -> torch.Tensor:
+    """``op(*tensors)`` as a card computes a bf16 product: from the operands rounded to bf16, in fp32 (autocast off),
+    the result rounded to bf16 once."""
+    with torch.autocast("cpu", enabled=False):
+        return op(*(t.to(torch.bfloat16).float() for t in tensors)).to(torch.bfloat16)
+
+
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.nn.functional.linear`` (``input @ weight.T + bias``; input ``(*, in)``, weight ``(out, in)``, bias
     ``(out,)``); a bf16 product (:func:`_bf16_product`) is computed in fp32 from the bf16-rounded operands and
@@ -52,9 +59,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     tensors = (input, weight) if bias is None else (input, weight, bias)
     if not _bf16_product(tensors):
         return _TORCH_LINEAR(input, weight, bias)
-    with torch.autocast("cpu", enabled=False):
-        up = [t.to(torch.bfloat16).float() for t in tensors]
-        return _TORCH_LINEAR(*up).to(torch.bfloat16)
+    return _as_a_card(_TORCH_LINEAR, tensors)
 
 
 def mm(input: torch.Tensor, mat2: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -70,8 +75,7 @@ def mm(input: torch.Tensor, mat2: torch.Tensor, **kwargs) -> torch.Tensor:
                 and not (torch.is_grad_enabled() and (input.requires_grad or mat2.requires_grad)))
     if not ours:
         return _TORCH_MM(input, mat2, **kwargs)
-    with torch.autocast("cpu", enabled=False):
-        result = _TORCH_MM(input.to(torch.bfloat16).float(), mat2.to(torch.bfloat16).float()).to(torch.bfloat16)
+    result = _as_a_card(_TORCH_MM, (input, mat2))
     return result if out is None else out.copy_(result)
 
 
