@@ -21,12 +21,14 @@ def test_one_sample_is_worse_than_greedy(records):
     assert records["08/pass_N1"] < records["08/ttc_greedy"]
 
 
-def test_selection_helps_medium_problems_most_and_hard_ones_not_at_all(records):
+def test_buckets_are_cut_from_the_samples_they_score(records):
+    # the lesson reads the by-difficulty panels as a description of the M samples: on "hard" (none of them right)
+    # every selection rule scores 0 by construction, and on "easy" (half or more right) one sample scores >= 0.5
     m = records["08/ttc_samples"]
-    gain = {b: records[f"08/verifier_{b}_N{m}"] - records[f"08/verifier_{b}_N1"] for b in ("hard", "medium", "easy")
-            if records[f"08/bucket_{b}_size"]}
-    assert gain["hard"] == 0 and records[f"08/pass_hard_N{m}"] == 0, "nothing right to select on hard problems"
-    assert gain["medium"] == max(gain.values()), gain
+    if records["08/bucket_hard_size"]:
+        assert records[f"08/pass_hard_N{m}"] == 0 and records[f"08/verifier_hard_N{m}"] == 0
+    if records["08/bucket_easy_size"]:
+        assert records["08/pass_easy_N1"] >= 0.5
 
 
 def test_curves_are_monotone_where_the_lesson_says(records):
@@ -101,6 +103,15 @@ def test_beam_search_spends_the_tokens_of_best_of_n(records):
         assert records[f"08/beam_{judge}_tokens"] == pytest.approx(n * per_answer, rel=0.05), judge
 
 
+def test_beam_search_reads_many_times_the_tokens_of_best_of_n(records):
+    # "equal generated tokens is not equal compute": best-of-N prefills each prompt once, the search re-reads the
+    # prompt and each kept partial answer every round ("prefills many times more tokens"; seed 0: 43 against 368 and 364)
+    once = records["08/best_of_n_read_tokens"]
+    assert once > 0
+    for judge in ("rule", "prm"):
+        assert records[f"08/beam_{judge}_read_tokens"] > 4 * once, judge
+
+
 def test_the_learned_prm_misleads_the_search_and_the_rule_does_not(records):
     # seeds 0, 1, 2: rule beam 0.380 / 0.370 / 0.360 (against best-of-8 +0.021 ± 0.043, -0.030 ± 0.039,
     # -0.017 ± 0.033), learned-PRM beam 0.170 / 0.200 / 0.220 (scored by its weakest step since 2026-11-29; against
@@ -137,6 +148,10 @@ def test_compute_optimal_tables_are_consistent(records):
             row = [records[f"08/winner_{group}_N{n}_accuracy"] for n in ns]
             assert all(a <= b + 1e-12 for a, b in zip(row, row[1:])), (group, row)
     assert records["08/winner_hard_N1_accuracy"] <= records["08/winner_easy_N1_accuracy"]
+    # "spends at most the budget": the options' filter holds both sides to the 10 % margin of N answers' tokens, the
+    # estimate included (seed 0: 305 and 324 of 355)
+    cap = 1.1 * records["08/optimal_budget_N"] * records["08/ttc_tokens_per_answer"]
+    assert 0 < records["08/optimal_per_question_tokens"] <= cap and 0 < records["08/optimal_single_tokens"] <= cap
     d, se = records["08/optimal_minus_single"], records["08/optimal_minus_single_se"]
     assert d == pytest.approx(records["08/optimal_per_question"] - records["08/optimal_single"]) and se > 0
     # the break-even count is printed only against a training gain beyond two standard errors (lesson 05 on tiny: none)
