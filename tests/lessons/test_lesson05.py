@@ -73,20 +73,20 @@ def test_the_spread_is_within_the_independent_threshold_as_the_table_prints(reco
 
 def test_no_method_gains_beyond_its_paired_error(records):
     # the summary: "no method gains over the SFT start beyond two paired standard errors, and GRPO falls below it by
-    # about two"; one run per method cannot rank them. Paired over the 500 problems (utils.headlines.paired_se), seeds 0 / 1 / 2: GRPO -0.030 +- 0.014
-    # / -0.022 +- 0.010 / -0.024 +- 0.012, Dr. GRPO -0.006 +- 0.015 / -0.020 +- 0.011 / -0.014 +- 0.012, DAPO +0.002
-    # +- 0.012 / -0.028 +- 0.013 / +0.010 +- 0.012, RLOO +0.000 +- 0.014 / -0.012 +- 0.011 / -0.032 +- 0.012. Best minus
-    # worst: DAPO - GRPO +0.032 +- 0.014, RLOO - DAPO +0.016 +- 0.013, DAPO - RLOO +0.042 +- 0.013: RLOO is the best of
-    # the four on seed 1 and the worst on seed 2, DAPO the worst on seed 1.
+    # about two"; one run per method cannot rank them. Paired over the 500 problems (utils.headlines.paired_se),
+    # seeds 0 / 1 / 2: GRPO -0.030 +- 0.014 / -0.022 +- 0.010 / -0.024 +- 0.012, Dr. GRPO -0.006 +- 0.015 / -0.020 +-
+    # 0.011 / -0.014 +- 0.012, DAPO +0.002 +- 0.012 / -0.028 +- 0.013 / +0.010 +- 0.012, RLOO +0.000 +- 0.014 / -0.012
+    # +- 0.011 / -0.032 +- 0.012. Best minus worst: DAPO - GRPO +0.032 +- 0.014, RLOO - DAPO +0.016 +- 0.013, DAPO -
+    # RLOO +0.042 +- 0.013: RLOO is the best of the four on seed 1 and the worst on seed 2, DAPO the worst on seed 1.
     from utils.headlines import paired_se
     sft = records["05/sft_accuracy_by_problem"]
     for m in METHODS:
         after = records[f"05/{m}_accuracy_by_problem"]
-        d = (sum(after) - sum(sft)) / len(sft)
+        d, se = (sum(after) - sum(sft)) / len(sft), paired_se(sft, after)
         assert d == pytest.approx(records[f"05/{m}_accuracy"] - records["05/sft_accuracy"])
-        assert d < 2 * paired_se(sft, after), (m, d)
+        assert d < 2 * se, (m, d, se)
         if m == "grpo":
-            assert d < -1.5 * paired_se(sft, after), d
+            assert d < -1.5 * se, (d, se)
 
 
 def test_headline_is_declared_and_read_from_the_run(lesson_runs):
