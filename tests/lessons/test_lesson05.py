@@ -43,50 +43,50 @@ def test_four_methods_ran_on_one_budget(records):
     # dynamic sampling trains on groups that had signal: fewer silent groups than plain GRPO
     assert 0 < records["05/dapo_zero_std"] < records["05/grpo_zero_std"]
     assert 0 < records["05/grpo_zero_std"] < 1
-    # the clip rarely binds for the token-level methods ("a fraction of a percent": at most 0.21 % in seeds 0-2);
-    # RLOO's one ratio per sequence leaves it more often (2.5-3 %)
+    # the clip rarely binds for the token-level methods ("a fraction of a percent": at most 0.37 % in seeds 0-2);
+    # RLOO's one ratio per sequence leaves it more often (2.7-7.7 %)
     token_level = max(records[f"05/{m}_clip_ratio"] for m in ("grpo", "dr_grpo", "dapo"))
     assert token_level < 0.006 and records["05/rloo_clip_ratio"] > 3 * token_level
 
 
-def test_mechanisms_barely_move_at_this_budget(records):
-    # the lesson's reading of the mechanisms table: entropy moves by less than two hundredths of a nat (largest
-    # change 0.008, 0.0105, 0.017 in seeds 0, 1, 2), and the wrong answers' length changes alike under GRPO and
-    # Dr. GRPO (-4.1/-3.6, -7.2/-7.5, -2.6/-2.8 tokens)
+def test_the_mechanisms_move_with_the_shortcuts_under_every_method(records):
+    # the lesson's reading of the mechanisms table, from lesson 04's start (answers that skip the working): the
+    # shortcuts go, the entropy falls and the wrong answers grow under every method (DAPO's included). Seeds 0 / 1 /
+    # 2, GRPO, Dr. GRPO, DAPO, RLOO: entropy -0.039 -0.035 -0.046 -0.042 / -0.045 -0.049 -0.072 -0.046 / -0.065
+    # -0.053 -0.057 -0.063 nats; wrong answers' length +8.5 +6.5 +7.8 +8.5 / +8.8 +9.7 +11.1 +8.7 / +12.6 +9.9 +5.3
+    # +13.6 tokens; answers without working, SFT 0.89 / 0.95 / 0.99, every method at most 0.00 / 0.03 / 0.014
     for m in METHODS:
-        assert abs(records[f"05/{m}_entropy_end"] - records[f"05/{m}_entropy_start"]) < 0.02
-    g, d = ((records[f"05/{m}_length_wrong_end"] - records[f"05/{m}_length_wrong_start"]) for m in ("grpo", "dr_grpo"))
-    assert g < 0 and d < 0, "the lesson: wrong answers' length falls under both (no effect of the normalisation)"
-    assert abs(g - d) < 4 and abs(g) < 15 and abs(d) < 15
+        assert records[f"05/{m}_shortcut_share"] < records["05/sft_shortcut_share"] / 2, m
+        assert records[f"05/{m}_entropy_end"] < records[f"05/{m}_entropy_start"], m
+        grew = records[f"05/{m}_length_wrong_end"] - records[f"05/{m}_length_wrong_start"]
+        assert grew > 0, ("the lesson: wrong answers grow under every method (a shortcut becomes a worked answer)", m)
     # the one large difference, fewer groups without signal, is DAPO's filter's doing
     others = min(records[f"05/{m}_zero_std"] for m in ("grpo", "dr_grpo", "rloo"))
-    assert records["05/dapo_zero_std"] < others - 0.1     # 0.38 vs 0.68, 0.34 vs 0.70, 0.34 vs 0.50
+    assert records["05/dapo_zero_std"] < others - 0.1     # 0.29 vs 0.69, 0.30 vs 0.75, 0.38 vs 0.55
 
 
-def test_the_spread_is_within_the_independent_threshold_as_the_table_prints(records):
-    # the table's verdict: best minus worst within 2 sqrt(2) SE, the error of a difference of two independent
-    # accuracies (written question 2 asks why a paired error is smaller; test_no_method_gains_beyond_its_paired_error)
-    p, n = records["05/sft_accuracy"], records["05/n_test"]
+def test_the_spread_between_methods_is_within_the_independent_threshold(records):
+    # the table's verdict: best minus worst within 2 sqrt(2) SE at the methods' mean accuracy, the error of a
+    # difference of two independent accuracies (written question 2 asks why a paired error is smaller)
+    n = records["05/n_test"]
     accs = [records[f"05/{m}_accuracy"] for m in METHODS]
+    p = sum(accs) / len(accs)
     assert max(accs) - min(accs) < 2 * (2 * p * (1 - p) / n) ** 0.5
 
 
-def test_no_method_gains_beyond_its_paired_error(records):
-    # the summary: "no method gains over the SFT start beyond two paired standard errors, and GRPO falls below it by
-    # about two"; one run per method cannot rank them. Paired over the 500 problems (utils.headlines.paired_se),
-    # seeds 0 / 1 / 2: GRPO -0.030 +- 0.014 / -0.022 +- 0.010 / -0.024 +- 0.012, Dr. GRPO -0.006 +- 0.015 / -0.020 +-
-    # 0.011 / -0.014 +- 0.012, DAPO +0.002 +- 0.012 / -0.028 +- 0.013 / +0.010 +- 0.012, RLOO +0.000 +- 0.014 / -0.012
-    # +- 0.011 / -0.032 +- 0.012. Best minus worst: DAPO - GRPO +0.032 +- 0.014, RLOO - DAPO +0.016 +- 0.013, DAPO -
-    # RLOO +0.042 +- 0.013: RLOO is the best of the four on seed 1 and the worst on seed 2, DAPO the worst on seed 1.
+def test_every_method_gains_beyond_its_paired_error(records):
+    # the summary: "every method gains over the SFT model well beyond two paired standard errors"; one run per
+    # method cannot rank them. Paired over the 500 problems (utils.headlines.paired_se), GRPO, Dr. GRPO, DAPO, RLOO:
+    # seed 0 +0.138 +- 0.019, +0.128 +- 0.019, +0.114 +- 0.018, +0.116 +- 0.019; seed 1 +0.120 +- 0.018, +0.132 +-
+    # 0.018, +0.146 +- 0.019, +0.114 +- 0.018; seed 2 +0.122 +- 0.019, +0.134 +- 0.019, +0.140 +- 0.019, +0.150 +-
+    # 0.019. The best of the four is GRPO on seed 0, DAPO on seed 1, RLOO on seed 2 (GRPO the worst there).
     from utils.headlines import paired_se
     sft = records["05/sft_accuracy_by_problem"]
     for m in METHODS:
         after = records[f"05/{m}_accuracy_by_problem"]
         d, se = (sum(after) - sum(sft)) / len(sft), paired_se(sft, after)
         assert d == pytest.approx(records[f"05/{m}_accuracy"] - records["05/sft_accuracy"])
-        assert d < 2 * se, (m, d, se)
-        if m == "grpo":
-            assert d < -1.5 * se, (d, se)
+        assert d > 4 * se, (m, d, se)
 
 
 def test_headline_is_declared_and_read_from_the_run(lesson_runs):

@@ -230,7 +230,9 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     batch_size // 2 gave before), each lesson's effects re-checked on seeds 0-2; lesson 05 gained its clip probe
     (the clip_probe_* knobs, 2026-11-30) and its GPU runs train 26 steps instead of 28, which pays for it; lesson 03
     gained preference_losses (2026-11-30: the losses section 9 trains beside DPO; none on t4-16g, two on 24g/80g;
-    KTO joined them on 2026-11-30 in place of APO-zero on 24g/80g)."""
+    KTO joined them on 2026-11-30 in place of APO-zero on 24g/80g); lesson 05 starts from lesson 04's SFT model
+    (2026-12-01: shortcut_share 0.6 on every tier, tiny sft_steps 60 -> 120, so that its methods have something to
+    fix; tests/lessons/test_lesson05.py checks their gains on seeds 0-2)."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parents[1] / "fixtures" / "resolved_presets.json").read_text())
     got = {}

@@ -6,7 +6,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (60,    150,    150,    150),    # lesson 01's recipe (tiny: 1.5x its 40 steps)
+    "sft_steps":              (120,   150,    150,    150),    # lesson 04's start: lesson 01's recipe (tiny: 3x) ...
+    "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # ... on answers that skip the working: RL's job
     "n_train":                (4000,  600,    600,    600),    # RL prompt pool
     "n_test":                 (500,   150,    150,    150),
     "num_generations":        (8,     8,      8,      8),
