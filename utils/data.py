@@ -167,9 +167,9 @@ def final_answer(answer: str) -> str:
 def shortcut(problem: dict) -> dict:
     """The same problem answered without the working: ``The answer is N.\\n#### N``.
 
-    Lessons 03 and 04 mix such answers into the SFT data. They are well formatted and state the
-    right number, so the SFT model learns to write them; at sampling time it cannot compute N in
-    one line and mostly guesses. Reinforcement learning (04) and preference pairs (03) move it
+    Lessons 03, 04, 05 and 07 mix such answers into the SFT data. They are well formatted and state
+    the right number, so the SFT model learns to write them; at sampling time it cannot compute N in
+    one line and mostly guesses. Reinforcement learning (04, 05) and preference pairs (03) move it
     back to answers that show the working.
     """
     truth = final_answer(problem["answer"])

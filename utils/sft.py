@@ -323,7 +323,7 @@ def sft_checkpoint(cfg, tokenizer, problems: list[dict], output_dir: str | Path,
     folds a LoRA adapter into the weights (GPU presets) and saves the model to
     ``output_dir/sft-model``. With ``resume=True`` a model already saved there is reused as is.
 
-    Lessons that start from the same recipe (lessons 05, 06 and 08; 03 and 07) share it: a copy goes to
+    Lessons that start from the same recipe (lessons 04 and 05; 06 and 08; 03 and 07) share it: a copy goes to
     ``output_dir/../sft-models/<digest>/`` (:func:`recipe_digest`: preset, problems, tokenizer, base model,
     libraries and this code), and a later lesson whose digest matches takes that copy into its own
     ``sft-model`` instead of training again (run in one folder, as ``python -m utils run`` and the tests do;

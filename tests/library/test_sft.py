@@ -224,7 +224,7 @@ def test_sft_checkpoint_saves_once_and_resume_reuses_it(tmp_path, tok):
 
 
 def test_lessons_with_the_same_recipe_share_one_sft_model(tmp_path, tok):
-    """Lessons 05, 06 and 08 (and 03 and 07) train the same SFT start: the second loads the first's copy, which is
+    """Lessons 06 and 08 (and 04 and 05, 03 and 07) train the same SFT start: the second loads the first's copy, which is
     bit-for-bit what its own training would give; another recipe or other data trains anew."""
     from safetensors.torch import load_file
 

@@ -6,7 +6,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "model":                  MODELS,
     "dataset":                DATASETS,
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
-    "sft_steps":              (60,    150,    150,    150),    # lesson 01's recipe, as lesson 05 trains it
+    "sft_steps":              (60,    150,    150,    150),    # lesson 01's recipe, as lesson 06 trains it
     "n_test":                 (500,   200,    200,    200),    # greedy accuracy and the thinking budget
     "max_new_tokens":         (80,    256,    256,    256),
     "temperature":            (1.0,   1.0,    1.0,    1.0),
