@@ -123,6 +123,50 @@ def spec(tmp_path, monkeypatch):
     return path
 
 
+def test_the_stand_ins_fit_gives_the_weights_of_adamw_on_every_row():
+    """_fit_answers runs Adam on the embedding rows the data uses and only AdamW's decay on the rest: the weights must
+    be bit for bit those of AdamW over the whole tied matrix (the loop as it was first written), on a vocabulary
+    where most rows are never used and a learning rate where their decay shows."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    from utils.constants import TINY_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+    problems = data.make_problems(6, "train", seed=0)
+    torch.manual_seed(0)
+    fast = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    slow = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    slow.load_state_dict(fast.state_dict())
+    rehearsal._fit_answers(fast, tok, problems, steps=5, lr=0.5, batch=3)
+
+    examples = []
+    for p in problems:   # the reference: AdamW over every parameter, the whole embedding included
+        messages = data.to_messages(p)
+        prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True, return_dict=False)
+        examples.append((tok.apply_chat_template(messages, tokenize=True, return_dict=False), len(prompt)))
+    used = sorted({t for ids, _ in examples for t in ids})
+    index, rows = {t: i for i, t in enumerate(used)}, torch.tensor(used)
+    opt, g = torch.optim.AdamW(slow.parameters(), lr=0.5), torch.Generator().manual_seed(0)
+    for _ in range(5):
+        picked = [examples[i] for i in torch.randint(len(examples), (3,), generator=g).tolist()]
+        width = max(len(ids) for ids, _ in picked)
+        input_ids, mask = torch.full((3, width), tok.pad_token_id), torch.zeros((3, width), dtype=torch.long)
+        labels = torch.full((3, width), -100)
+        for r, (ids, n_prompt) in enumerate(picked):
+            input_ids[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
+            labels[r, n_prompt:len(ids)] = torch.tensor([index[t] for t in ids[n_prompt:]])
+        hidden = slow.model(input_ids=input_ids, attention_mask=mask).last_hidden_state[:, :-1]
+        logits = hidden @ slow.lm_head.weight[rows].T
+        torch.nn.functional.cross_entropy(logits.reshape(-1, len(used)), labels[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(used) < len(tok) // 2, "most rows unused: the decay-only path is exercised"
+    for (name, a), b in zip(fast.state_dict().items(), slow.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_resolve_follows_a_rehearsal_spec(spec, tmp_path):
     cfg = presets.resolve("24g", lesson="04", max_steps=50, seed=1)
     assert (cfg.device, cfg.dtype, cfg.preset, cfg.seed) == ("cpu", torch.bfloat16, "24g", 1)

@@ -181,7 +181,17 @@ def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch
     used = sorted({t for ids, _ in examples for t in ids})
     index = {t: i for i, t in enumerate(used)}
     rows = torch.tensor(used)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    # AdamW over the whole (151,936-row) embedding was half of the fit's time, yet only the rows of the tokens the
+    # data uses (and the padding's) ever get a gradient: Adam leaves every other row's moments at zero, so all it
+    # does there is AdamW's decoupled decay. Adam runs on a copy of those rows, and the decay on the rest, with the
+    # same operations as AdamW's on the whole matrix: the weights are bit for bit those of AdamW on all rows.
+    embedding = model.get_input_embeddings().weight
+    if model.lm_head.weight is not embedding:
+        raise ValueError("_fit_answers fits a model with tied embeddings (both stand-ins tie theirs)")
+    tracked = torch.tensor(sorted({*used, tokenizer.pad_token_id}))
+    live = torch.nn.Parameter(embedding.detach()[tracked].clone())
+    opt = torch.optim.AdamW([p for p in model.parameters() if p is not embedding] + [live], lr=lr)
+    decay = 1 - lr * opt.defaults["weight_decay"]
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         picked = [examples[i] for i in torch.randint(len(examples), (batch,), generator=g).tolist()]
@@ -196,8 +206,12 @@ def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch
         logits = hidden @ model.lm_head.weight[rows].T
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, len(used)), labels[:, 1:].reshape(-1))
         loss.backward()
+        live.grad, embedding.grad = embedding.grad[tracked], None
         opt.step()
         opt.zero_grad()
+        with torch.no_grad():
+            embedding.mul_(decay)
+            embedding[tracked] = live
     return loss.item()
 
 
