@@ -141,22 +141,9 @@ def test_the_stand_ins_fit_gives_the_weights_of_adamw_on_every_row():
     slow.load_state_dict(fast.state_dict())
     rehearsal._fit_answers(fast, tok, problems, steps=5, lr=0.5, batch=3)
 
-    examples = []
-    for p in problems:   # the reference: AdamW over every parameter, the whole embedding included
-        messages = data.to_messages(p)
-        prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True, return_dict=False)
-        examples.append((tok.apply_chat_template(messages, tokenize=True, return_dict=False), len(prompt)))
-    used = sorted({t for ids, _ in examples for t in ids})
-    index, rows = {t: i for i, t in enumerate(used)}, torch.tensor(used)
-    opt, g = torch.optim.AdamW(slow.parameters(), lr=0.5), torch.Generator().manual_seed(0)
-    for _ in range(5):
-        picked = [examples[i] for i in torch.randint(len(examples), (3,), generator=g).tolist()]
-        width = max(len(ids) for ids, _ in picked)
-        input_ids, mask = torch.full((3, width), tok.pad_token_id), torch.zeros((3, width), dtype=torch.long)
-        labels = torch.full((3, width), -100)
-        for r, (ids, n_prompt) in enumerate(picked):
-            input_ids[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
-            labels[r, n_prompt:len(ids)] = torch.tensor([index[t] for t in ids[n_prompt:]])
+    used, batches = rehearsal._fit_batches(tok, problems, steps=5, batch=3)   # the same batches, in the same order
+    rows, opt = torch.tensor(used), torch.optim.AdamW(slow.parameters(), lr=0.5)   # the reference: AdamW on every row
+    for input_ids, mask, labels in batches:
         hidden = slow.model(input_ids=input_ids, attention_mask=mask).last_hidden_state[:, :-1]
         logits = hidden @ slow.lm_head.weight[rows].T
         torch.nn.functional.cross_entropy(logits.reshape(-1, len(used)), labels[:, 1:].reshape(-1)).backward()

@@ -164,10 +164,10 @@ def _cached(name: str, build, cache_dir: Path | None) -> Path:
     return qwen_tokenizers.build_once(Path(cache_dir or CACHE_DIR) / name, build_and_mark, "done")
 
 
-def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch: int = 16) -> float:
-    """Fit ``model`` (in place) to the answers of ``problems`` in its chat template: the prompt-masked
-    next-token loss over the vocabulary the data uses only (a few hundred of the 151,936 rows, so that a step
-    costs milliseconds). Returns the last loss."""
+def _fit_batches(tokenizer, problems, steps: int, batch: int):
+    """The training data of :func:`_fit_answers`: ``(used, batches)``, the sorted token ids the answers' chat
+    template uses and ``steps`` batches ``(input_ids, attention_mask, labels)`` of ``batch`` random examples, right-
+    padded, with labels indexing ``used`` (the answer's tokens only; the prompt and padding -100)."""
     import torch
 
     from .. import data
@@ -180,6 +180,30 @@ def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch
         examples.append((tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False), len(prompt)))
     used = sorted({t for ids, _ in examples for t in ids})
     index = {t: i for i, t in enumerate(used)}
+
+    def batches():
+        g = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            picked = [examples[i] for i in torch.randint(len(examples), (batch,), generator=g).tolist()]
+            width = max(len(ids) for ids, _ in picked)
+            input_ids = torch.full((batch, width), tokenizer.pad_token_id)
+            mask = torch.zeros((batch, width), dtype=torch.long)
+            labels = torch.full((batch, width), -100)
+            for r, (ids, n_prompt) in enumerate(picked):
+                input_ids[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
+                labels[r, n_prompt:len(ids)] = torch.tensor([index[t] for t in ids[n_prompt:]])
+            yield input_ids, mask, labels
+
+    return used, batches()
+
+
+def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch: int = 16) -> float:
+    """Fit ``model`` (in place) to the answers of ``problems`` in its chat template: the prompt-masked
+    next-token loss over the vocabulary the data uses only (a few hundred of the 151,936 rows, so that a step
+    costs milliseconds; :func:`_fit_batches`). Returns the last loss."""
+    import torch
+
+    used, batches = _fit_batches(tokenizer, problems, steps, batch)
     rows = torch.tensor(used)
     # AdamW over the whole (151,936-row) embedding was half of the fit's time, yet only the rows of the tokens the
     # data uses (and the padding's) ever get a gradient: Adam leaves every other row's moments at zero, so all it
@@ -192,16 +216,7 @@ def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch
     live = torch.nn.Parameter(embedding.detach()[tracked].clone())
     opt = torch.optim.AdamW([p for p in model.parameters() if p is not embedding] + [live], lr=lr)
     decay = 1 - lr * opt.defaults["weight_decay"]
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        picked = [examples[i] for i in torch.randint(len(examples), (batch,), generator=g).tolist()]
-        width = max(len(ids) for ids, _ in picked)
-        input_ids = torch.full((batch, width), tokenizer.pad_token_id)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        labels = torch.full((batch, width), -100)
-        for r, (ids, n_prompt) in enumerate(picked):
-            input_ids[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
-            labels[r, n_prompt:len(ids)] = torch.tensor([index[t] for t in ids[n_prompt:]])
+    for input_ids, mask, labels in batches:
         hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state[:, :-1]
         logits = hidden @ model.lm_head.weight[rows].T
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, len(used)), labels[:, 1:].reshape(-1))
