@@ -75,6 +75,37 @@ def resize_for_tools(model, tokenizer):
     return model
 
 
+def call_token_id(tokenizer) -> int:
+    """The id of the token a calculator call opens with: the tiny tokenizer's one-token call prefix of
+    :data:`TOOL_TOKENS`, a Qwen's ``<tool_call>``."""
+    return tokenizer.encode(TOOL_TOKENS[4], add_special_tokens=False)[0]
+
+
+def weaken_call(model, tokenizer, scale: float):
+    """Make ``model`` reach for the tool less often without touching how it uses it (lesson 09, section 7).
+
+    The output row of :func:`call_token_id` is multiplied by ``scale``, so the logit of opening a call becomes
+    ``scale`` times what it was at every position (``(hidden,) @ (hidden,)``, float in the model's dtype): a large
+    logit, where the model would call, falls (a negative one rises towards 0); every other logit and every other
+    weight stay. A model with tied input and output embeddings is untied first
+    (``config.tie_word_embeddings = False``, ``lm_head`` a copy of the embedding matrix, shape ``(vocab, hidden)``),
+    so the token's input embedding, what the model reads once it has called, is unchanged. Changes ``model`` in
+    place and returns it; ``scale`` must be in (0, 1] (ValueError otherwise)."""
+    import torch
+
+    if not 0 < scale <= 1:
+        raise ValueError(f"weaken_call: scale must be in (0, 1], got {scale!r}")
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head.weight.data_ptr() == embed.weight.data_ptr():
+        head.weight = torch.nn.Parameter(embed.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+        if getattr(model.config, "get_text_config", None) is not None:
+            model.config.get_text_config().tie_word_embeddings = False
+    with torch.no_grad():
+        head.weight[call_token_id(tokenizer)] *= scale
+    return model
+
+
 def tool_call(expression: str) -> dict:
     """One calculator call as a chat message's ``tool_calls`` entry (OpenAI's format, as TRL builds it)."""
     return {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}

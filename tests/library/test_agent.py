@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from utils import agent, data
+from utils.presets.tiers import MODELS
 from utils.tools import calculator
 
 SAM = data.make_problems(3, "test", seed=0)[2]       # 63 + 28 = 91, 91 / 7 = 13
@@ -97,6 +98,38 @@ def test_resize_keeps_the_pretrained_rows(tok):
     assert after.shape[0] == len(tok) == before.shape[0] + len(agent.TOOL_TOKENS)
     assert torch.equal(after[:before.shape[0]], before) and torch.isfinite(after).all()
     assert agent.resize_for_tools(model, tok).get_input_embeddings().weight.shape[0] == len(tok)   # idempotent
+
+
+def test_weaken_call_scales_the_call_logit_alone_and_survives_a_save(tok, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = agent.resize_for_tools(AutoModelForCausalLM.from_pretrained(agent.TINY_MODEL_DIR), tok).eval()
+    call = agent.call_token_id(tok)
+    assert tok.convert_ids_to_tokens(call) == agent.TOOL_TOKENS[4]
+    ids = torch.tensor([tok.encode("Sam has 63 apples. <tool_call>\n{\"name\"")])
+    with torch.no_grad():
+        before = model(ids).logits
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    agent.weaken_call(model, tok, 0.7)
+    model.save_pretrained(tmp_path)
+    weak = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        after = weak(ids).logits
+    others = torch.arange(before.size(-1)) != call
+    assert torch.allclose(after[..., call], 0.7 * before[..., call], atol=1e-5), "the call's logit, scaled"
+    assert before[..., call].abs().max() > 1, "a logit large enough for the scaling to show"
+    assert torch.allclose(after[..., others], before[..., others], atol=1e-5), "every other logit unchanged"
+    assert torch.equal(weak.get_input_embeddings().weight, embedding), "what the model reads is unchanged"
+    assert not weak.config.tie_word_embeddings
+    for scale in (0, 1.5, -0.5):
+        with pytest.raises(ValueError, match="scale"):
+            agent.weaken_call(weak, tok, scale)
+
+
+@pytest.mark.parametrize("model_id", sorted(set(MODELS[1:])))
+def test_call_token_of_a_qwen_is_its_tool_call_tag(qwen_tokenizer, model_id):
+    tokenizer = qwen_tokenizer(model_id)
+    assert tokenizer.convert_ids_to_tokens(agent.call_token_id(tokenizer)) == "<tool_call>"
 
 
 def test_trl_replay_runs_trls_loop_on_given_turns(tok, tmp_path):

@@ -23,12 +23,15 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "max_completion_length":  (160,   512,    512,    512),     # every turn and tool result of one rollout
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),    # LoRA adapters
     "max_steps":              (4,     20,     20,     20),     # GRPO with tools, optimizer steps
+    "shy_scale":              (0.7,   0.7,    0.7,    0.7),     # section 7's start: the call's logit x this (tiny:
+                                                                #   calls 1.92 -> 0.67; GPU tiers unmeasured)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default
     "call_cost":              (0.1,   0.1,    0.1,    0.1),     # reward lost per call beyond the reference's steps
     "hack_bonus":             (1.0,   1.0,    1.0,    1.0),     # the naive shaping: reward per call (a right answer's)
-    "hack_steps":             (8,     8,      8,      8),       # the hack run and its control (no bonus), each
+    "hack_steps":             (8,     6,      6,      6),       # the hack run and its control (no bonus), each (GPUs:
+                                                                #   6, paying for section 7's under-using start)
     "hack_prompts":           (4,     8,      16,     16),      # prompts per step of the hack run and its control (x G)
     "hack_learning_rate":     (2e-3,  2e-5,   2e-5,   2e-5),    # 2x section 7's; 5x collapsed its control too
     "turn_prompts":           (8,     8,      8,      8),     # per-turn vs per-trajectory credit: prompts x G

@@ -298,9 +298,9 @@ def _lesson09(p, one, four):
     per_step = p["sft_batch_size"] * p["sft_grad_accum"]
     return [{**_sft(one, 2 * p["sft_steps"], p["max_length"], per_step), "label": "plain and trace SFT (lesson 01's "
              "recipe at twice its max_length; measured as lesson 01's)"},
-            _eval(p, p["n_test"], "evaluations without the tool", ("01", "greedy eval"), prompt=prompt, calls=3),
+            _eval(p, p["n_test"], "evaluations without the tool", ("01", "greedy eval"), prompt=prompt, calls=2),
             _eval(p, p["n_test"], f"multi-turn rollouts with the tool (up to {turns} turns)", ("01", "greedy eval"),
-                  prompt=prompt, calls=4 * turns),
+                  prompt=prompt, calls=5 * turns),
             _eval(p, p["turn_prompts"] * p["num_generations"], "the credit section's sampled rollouts",
                   ("01", "greedy eval"), prompt=prompt, calls=turns),
             _rl_batch(p, "GRPO with tools (measured as lesson 04's GRPO)", p["max_steps"], ("04", "GRPO train"),
