@@ -8,7 +8,7 @@ def records(lesson_runs):
 
 
 def test_the_tool_after_rl_beats_the_plain_model(records):
-    # the issue's target, paired over the held-out problems (the model without the tool: section 5's trace model);
+    # the issue's target, paired over the held-out problems (the tool taken away is measured in section 5 only);
     # seeds 0, 1, 2 after section 7's run: +0.124 +- 0.032, +0.176 +- 0.034, +0.124 +- 0.034
     d, se = records["09/rl_tool_minus_plain"], records["09/rl_tool_minus_plain_se"]
     assert d > 2 * se, (d, se)
@@ -37,13 +37,12 @@ def test_per_turn_credit_disagrees_with_per_trajectory_credit(records):
     assert 0 < records["09/credit_sign_disagreements"] < records["09/credit_turns"]
 
 
-def test_a_bonus_per_call_is_hacked_and_the_fix_is_not(records):
+def test_a_bonus_per_call_is_hacked(records):
     # held-out calls per answer, seeds 0, 1, 2: trace SFT 1.92 / 1.95 / 1.87 -> hacked 2.48 / 5.60 / 5.51 (the
     # training log's calls, 4 prompts per step, are too noisy to assert on); accuracy with the tool 0.472 / 0.412 /
     # 0.380 -> 0.272 / 0.036 / 0.064. (Seed 0's hacked run once depended on MKL's mode: docs/testing.md,
     # "Reproducible `tiny` runs".)
     assert records["09/hack_calls"] > records["09/sft_calls"] + 0.3, "the bonus buys calls"
-    assert records["09/rl_calls"] <= records["09/sft_calls"] + 0.1, "the cost per extra call holds the calls"
     d, se = records["09/hack_minus_sft"], records["09/hack_minus_sft_se"]
     assert d < -2 * se, "and the calls crowd out right answers"
 

@@ -8,6 +8,7 @@ writes a tool call, so each rollout is one turn of ``max_new_tokens`` and each G
 as at most what ``max_length`` leaves room for (:func:`utils.presets.sizing.rollout_turns`)."""
 from __future__ import annotations
 
+import copy
 import re
 
 import torch
@@ -22,8 +23,9 @@ NOTEBOOK = "09_agentic_rl.ipynb"
 def lesson09(cfg, tokenizer, out, steps, resolve=presets.resolve):
     """SFT (lesson 01's recipe at the lesson's ``max_length``: the two SFTs cost the same per step); one batch of
     ``eval_batch_size`` greedy rollouts through the lesson's ``rollout`` (cells ``run-calls``, ``mask``,
-    ``rollout``); GRPO with tools through the lesson's ``grpo_trainer`` (cell ``grpo-setup``): LoRA, the
-    calculator, ``max_completion_length`` over every turn, one generation batch per optimizer step."""
+    ``rollout``); GRPO with tools through the lesson's ``grpo_trainer`` (cell ``grpo-setup``) from section 7's
+    start (``agent.weaken_call``: untied embeddings, one more ``(vocab, hidden)`` matrix): LoRA, the calculator,
+    ``max_completion_length`` over every turn, one generation batch per optimizer step."""
     from datasets import Dataset
     from peft import LoraConfig
     from trl import GRPOTrainer
@@ -38,16 +40,18 @@ def lesson09(cfg, tokenizer, out, steps, resolve=presets.resolve):
     _train_sft(phases, "SFT train", _load(sft_cfg), tokenizer, sft_cfg, out / "sft", steps)
 
     tools = [calculator]
-    ns = {"cfg": cfg, "tokenizer": tokenizer, "torch": torch, "re": re, "agent": agent, "data": data,
+    ns = {"cfg": cfg, "tokenizer": tokenizer, "torch": torch, "re": re, "copy": copy, "agent": agent, "data": data,
           "evaluation": evaluation, "rewards": rewards, "rl": rl, "TOOLS": tools, "calculator": calculator,
           "ROLLOUT_TEMPLATE": agent.rollout_template(tokenizer), "OUTPUT_DIR": out, "tool_dir": cfg.model,
           "AutoModelForCausalLM": __import__("transformers").AutoModelForCausalLM, "quiet": training.quiet,
           "Dataset": Dataset, "LoraConfig": LoraConfig, "GRPOTrainer": GRPOTrainer}
     ns["CALL_RE"] = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)   # the lesson's, a module constant
+    ns["train_rollouts"] = []   # cell grpo-setup's list, which its reward ``correct`` appends to
     _lesson_defs(NOTEBOOK, ["run-calls", "mask", "rollout", "grpo-setup"], ns)
     model = _load(cfg).eval()
     with phases("tool rollout", "turn batch"):
         ns["rollout"](model, problems(tokenizer, cfg.eval_batch_size))
+    agent.weaken_call(model, tokenizer, cfg.shy_scale).save_pretrained(out / "shy")   # section 7's start: untied
     del model
 
     pool = problems(tokenizer, cfg.prompts_per_step * max(steps, 2) * 2)
@@ -56,7 +60,7 @@ def lesson09(cfg, tokenizer, out, steps, resolve=presets.resolve):
     ns["lora"] = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                             target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
     run_cfg = resolve(cfg.preset, lesson="09", model=cfg.model, dataset=cfg.dataset, max_steps=max(2, steps))
-    trainer = ns["grpo_trainer"]([ns["correct"], ns["call_cost"]], "grpo", run_cfg)
+    trainer = ns["grpo_trainer"]([ns["correct"], ns["call_cost"]], "grpo", run_cfg, start=out / "shy")
     clock = _Clock()
     trainer.add_callback(clock.callback)
     with phases("GRPO with tools train", "generation batch", count=max(2, steps)):

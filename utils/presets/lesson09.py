@@ -23,8 +23,8 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "max_completion_length":  (160,   512,    512,    512),     # every turn and tool result of one rollout
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),    # LoRA adapters
     "max_steps":              (4,     20,     20,     20),     # GRPO with tools, optimizer steps
-    "shy_scale":              (0.7,   0.7,    0.7,    0.7),     # section 7's start: the call's logit x this (tiny:
-                                                                #   calls 1.92 -> 0.67; GPU tiers unmeasured)
+    "shy_scale":              (0.7,   0.7,    0.7,    0.7),     # section 7's start: the trace model, the call's
+                                                                #   logit x this (utils.agent.weaken_call)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default
