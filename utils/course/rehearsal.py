@@ -42,7 +42,7 @@ from .run import GLIBC_HEAP_ENV
 
 CACHE_DIR = Path(os.environ.get("COURSE_REHEARSAL_CACHE",
                                 Path.home() / ".cache" / "post-training-course" / "rehearsal"))
-BUILD_VERSION = "5"               # part of the cached folders' names: bump when a build changes
+BUILD_VERSION = "6"               # part of the cached folders' names: bump when a build changes
 GSM8K_STANDIN_SIZE = {"train": 64, "test": 32}
 FIT_STEPS = 600                   # the stand-in model's fit to the stand-in's training answers (standin_model)
 # The rehearsal's kernel (set unless the user set them): one CPU thread, and glibc's heap keeps what it frees.
@@ -109,7 +109,7 @@ STANDIN_SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 _COMMON = dict(n_test=8, eval_batch_size=32, batch_size=2, grad_accum=1, max_steps=2, sft_steps=2, save_steps=1,
                logging_steps=1, max_new_tokens=64, max_length=256)   # 64 tokens: a whole stand-in answer
 SHRINK = {
-    "01": dict(n_train=32),
+    "01": dict(n_train=32, max_length=512),   # lesson 09's trace SFT takes lesson 01's recipe: its traces must fit
     "02": dict(n_train=32, packed_batch_size=1, throughput_steps=2, eval_steps=1),
     "03": dict(n_prompts=16, n_heldout=8, n_samples=4, betas=[0.1]),   # the sweep: the run already trained
     "04": dict(n_train=16, num_generations=2, prompts_per_step=2, batch_size=4, max_completion_length=64,
@@ -123,9 +123,11 @@ SHRINK = {
                rl_minibatches=1, rl_micro_batch=2, overopt_iterations=6, overopt_prompts=4),   # six windows
     "08": dict(ttc_problems=8, ttc_samples=8, prm_problems=8, prm_samples=2, score_batch_size=32, beam_width=2,
                beam_expand=2, beam_max_steps=2, step_tokens=8, refine_rounds=1, budgets=[8, 16]),
-    "09": dict(n_train=16, max_turns=2, num_generations=2, prompts_per_step=2, batch_size=4,
-               max_completion_length=96, hack_steps=1, hack_prompts=2, turn_prompts=4, sft_batch_size=2,
-               sft_grad_accum=1),
+    # 09: a Qwen prompt with the calculator offered is 256-272 tokens, and a rollout a call, its result and an answer;
+    # at temperature 1 the stand-in's samples ramble (as 05's) and TRL's loop would never see a call to run
+    "09": dict(n_train=16, max_turns=2, num_generations=2, prompts_per_step=2, batch_size=4, max_length=512,
+               max_completion_length=128, hack_steps=1, hack_prompts=2, turn_prompts=4, sft_batch_size=2,
+               sft_grad_accum=1, temperature=0.7),
 }
 
 
@@ -164,13 +166,17 @@ def _cached(name: str, build, cache_dir: Path | None) -> Path:
     return qwen_tokenizers.build_once(Path(cache_dir or CACHE_DIR) / name, build_and_mark, "done")
 
 
-def _fit_batches(tokenizer, problems, steps: int, batch: int):
-    """The training data of :func:`_fit_answers`: ``(used, batches)``, the sorted token ids the answers' chat
-    template uses and ``steps`` batches ``(input_ids, attention_mask, labels)`` of ``batch`` random examples, right-
-    padded, with labels indexing ``used`` (the answer's tokens only; the prompt and padding -100)."""
+def _fit_batches(tokenizer, problems, steps: int, batch: int, traces=()):
+    """The training data of :func:`_fit_answers`: ``(used, batches)``, the sorted token ids the examples use and
+    ``steps`` batches ``(input_ids, attention_mask, labels)`` of ``batch`` random examples, right-padded, with labels
+    indexing ``used`` (the answer's tokens only; the prompt and padding -100). An example is a problem of ``problems``
+    with its answer in the chat template, or one of ``traces`` as lesson 09's tool conversation (its answer's calls
+    to the calculator, their results and its last turn), rendered as the lesson's rollouts render it: the calculator
+    offered (``tools=``), with ``agent.rollout_template`` (Qwen3: TRL's training template)."""
     import torch
 
-    from .. import data
+    from .. import agent, data
+    from ..tools import calculator
 
     examples = []
     for p in problems:
@@ -178,6 +184,16 @@ def _fit_batches(tokenizer, problems, steps: int, batch: int):
         prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
                                                return_dict=False)
         examples.append((tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False), len(prompt)))
+    template = agent.rollout_template(tokenizer) if traces else None
+    for p in traces:
+        messages = agent.tool_trace(p, calculator)
+        prompt = agent.prompt_ids(tokenizer, messages[:1], [calculator], template)
+        ids = list(tokenizer.apply_chat_template(messages, tools=[calculator], chat_template=template, tokenize=True,
+                                                 return_dict=False))
+        if ids[:len(prompt)] != prompt:
+            raise ValueError("a tool trace's rendering does not start with its prompt's: the template is not "
+                             "prefix-preserving (agent.rollout_template)")
+        examples.append((ids, len(prompt)))
     used = sorted({t for ids, _ in examples for t in ids})
     index = {t: i for i, t in enumerate(used)}
 
@@ -197,13 +213,13 @@ def _fit_batches(tokenizer, problems, steps: int, batch: int):
     return used, batches()
 
 
-def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch: int = 16) -> float:
-    """Fit ``model`` (in place) to the answers of ``problems`` in its chat template: the prompt-masked
-    next-token loss over the vocabulary the data uses only (a few hundred of the 151,936 rows, so that a step
-    costs milliseconds; :func:`_fit_batches`). Returns the last loss."""
+def _fit_answers(model, tokenizer, problems, steps: int, lr: float = 3e-3, batch: int = 16, traces=()) -> float:
+    """Fit ``model`` (in place) to the answers of ``problems`` in its chat template, and to those of ``traces`` as
+    lesson 09's tool conversations: the prompt-masked next-token loss over the vocabulary the data uses only (a
+    few hundred of the 151,936 rows, so that a step costs milliseconds; :func:`_fit_batches`). Returns the last loss."""
     import torch
 
-    used, batches = _fit_batches(tokenizer, problems, steps, batch)
+    used, batches = _fit_batches(tokenizer, problems, steps, batch, traces)
     rows = torch.tensor(used)
     # AdamW over the whole (151,936-row) embedding was half of the fit's time, yet only the rows of the tokens the
     # data uses (and the padding's) ever get a gradient: Adam leaves every other row's moments at zero, so all it
@@ -243,7 +259,10 @@ def standin_model(model_id: str, cache_dir: Path | None = None) -> Path:
     The fit makes it behave as a real model does and a random one never does: it writes the answer format and
     ends its turn. It sees every problem of both splits twice, with its answer and with the final number one
     off, so that its samples of a problem disagree (right and wrong about as often): preference pairs and
-    groups with reward variance occur as in a real run, on training and held-out problems alike."""
+    groups with reward variance occur as in a real run, on training and held-out problems alike. It also sees
+    each of them as lesson 09's tool conversation (a call to the calculator, its result, the answer), so that
+    with the calculator offered it calls it, as lesson 09's trace model does: the lesson's rehearsal then runs
+    its rollouts' tool turns and TRL's multi-turn loop (a step or two of the lesson's own SFT cannot teach that)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -255,7 +274,8 @@ def standin_model(model_id: str, cache_dir: Path | None = None) -> Path:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(twins.twin_config(model_id, **overrides), dtype=torch.float32)
         seen = gsm8k_problems("train") + gsm8k_problems("test")
-        _fit_answers(model, tok, seen + [_off_by_one(p) for p in seen], FIT_STEPS)
+        both = seen + [_off_by_one(p) for p in seen]
+        _fit_answers(model, tok, both, FIT_STEPS, traces=both)
         eos = twins.ARCHITECTURES[model_id]["eos_token_id"]
         model.generation_config.eos_token_id = sorted({eos, tok.eos_token_id})
         model.generation_config.pad_token_id = tok.pad_token_id
