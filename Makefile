@@ -69,7 +69,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 # Each lesson on each GPU preset's code path (its real tokenizer and chat template, GSM8K's schema, a step or two)
-# with a CPU-sized stand-in model: utils/course/rehearsal.py. `make test` rehearses t4-16g and 24g (07: 24g).
+# with a CPU-sized stand-in model: utils/course/rehearsal.py. `make test` rehearses t4-16g and 24g (07 and 09: 24g).
 REHEARSE ?= t4-16g 24g 80g
 rehearse: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m utils rehearse --preset $(REHEARSE) $(if $(LESSONS),--lessons $(LESSONS),)

@@ -57,7 +57,7 @@ SIDE_BY_SIDE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}   # a waiting thread sleeps: t
 # jsonschema builds when papermill imports nbformat: it imports ``rfc3987_syntax`` where that is installed
 # (jupyterlab's dependencies install it), some 35 Earley parsers (jsonschema issue #1428) for the "iri" formats that
 # no notebook schema uses. Marked absent, jsonschema leaves those two format checks out: 1.3 s of CPU time of each of
-# the 24 jobs of `make test` (9 lessons, 15 rehearsals), measured.
+# the 25 jobs of `make test` (9 lessons, 16 rehearsals), measured.
 WITHOUT_IRI_PARSERS = "import sys; sys.modules.setdefault('rfc3987_syntax', None); "
 JOB_COMMAND = (sys.executable, "-c", WITHOUT_IRI_PARSERS + "from tests.lesson_runs import main; sys.exit(main(sys.argv[1:]))")
 

@@ -80,7 +80,7 @@ def test_grpo_raises_the_calls_and_the_accuracy_of_an_under_using_start(records)
     assert d > 2 * se, ("GRPO's gain over its start, paired", d, se)
     assert records["09/rl_calls"] > records["09/shy_calls"] + 0.2, "by calling more"
     m, s = records["09/train_calling_pays"], records["09/train_calling_pays_se"]
-    assert m > 2 * s and records["09/train_calling_pays_prompts"] >= 10, ("calling paid within prompts", m, s)
+    assert records["09/train_calling_pays_prompts"] >= 10 and m > 2 * s, ("calling paid within prompts", m, s)
 
 
 def test_the_verl_export_is_written(records):

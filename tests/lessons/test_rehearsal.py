@@ -84,6 +84,12 @@ def test_every_lesson_puts_its_models_on_the_device():
                 assert not models_loaded_without_a_device(source), (notebook.name, cell.get("id"))
 
 
+def test_lesson_09s_traces_fit_the_sft_recipe_it_borrows():
+    """Lesson 09's trace SFT resolves lesson 01's recipe with its own max_length, but in a rehearsal the cuts win over
+    a lesson's arguments: lesson 01's cut must hold what 09 truncates its traces to (else sft.pack refuses them)."""
+    assert rehearsal.shrink("09")["max_length"] <= rehearsal.shrink("01")["max_length"]
+
+
 @pytest.mark.parametrize("lesson", ["04", "05", "09"])
 def test_cut_generation_batches_divide(lesson):
     """GRPO's generation batch (prompts x num_generations) is batch_size x steps_per_generation (TRL's default for
@@ -249,7 +255,7 @@ def test_the_report_says_what_a_cpu_replaces():
 # checkpointing off in lessons 01-03 and 07 and lesson 05's three seeds: `python -m utils rehearse --preset 80g`.
 REHEARSED = ("t4-16g", "24g")
 # Left to `make rehearse` for the suite's time (tests/budget.py): lesson 07 is the costliest rehearsal (about 205 s
-# on t4-16g, 215 s on 24g, two side by side on 2 cores) and lesson 09's takes about 70 s on either; make test keeps
+# on t4-16g, 215 s on 24g, two side by side on 2 cores) and lesson 09's takes about 80 s on either; make test keeps
 # their 24g ones, bf16 with Qwen3's template, the path farther from tiny's (and, for 09, the template that is not
 # prefix-preserving: a rollout's tool turn must be rendered with TRL's training template there).
 MAKE_REHEARSE_ONLY = {"07@t4-16g", "09@t4-16g"}

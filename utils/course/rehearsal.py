@@ -44,7 +44,7 @@ CACHE_DIR = Path(os.environ.get("COURSE_REHEARSAL_CACHE",
                                 Path.home() / ".cache" / "post-training-course" / "rehearsal"))
 BUILD_VERSION = "6"               # part of the cached folders' names: bump when a build changes
 GSM8K_STANDIN_SIZE = {"train": 64, "test": 32}
-FIT_STEPS = 600                   # the stand-in model's fit to the stand-in's training answers (standin_model)
+FIT_STEPS = 600                   # the stand-in model's fit to the stand-in's answers and tool traces (standin_model)
 # The rehearsal's kernel (set unless the user set them): one CPU thread, and glibc's heap keeps what it frees.
 # A stand-in's logits span Qwen's 151,936-token vocabulary, a few hundred MB per batch: glibc maps each such block
 # afresh (mmap) and unmaps it when freed, and every first touch of a fresh page faults (a two-thread process also
@@ -109,7 +109,7 @@ STANDIN_SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
 _COMMON = dict(n_test=8, eval_batch_size=32, batch_size=2, grad_accum=1, max_steps=2, sft_steps=2, save_steps=1,
                logging_steps=1, max_new_tokens=64, max_length=256)   # 64 tokens: a whole stand-in answer
 SHRINK = {
-    "01": dict(n_train=32, max_length=512),   # lesson 09's trace SFT takes lesson 01's recipe: its traces must fit
+    "01": dict(n_train=32, max_length=512),   # the presets' own; lesson 09's trace SFT takes this recipe (below)
     "02": dict(n_train=32, packed_batch_size=1, throughput_steps=2, eval_steps=1),
     "03": dict(n_prompts=16, n_heldout=8, n_samples=4, betas=[0.1]),   # the sweep: the run already trained
     "04": dict(n_train=16, num_generations=2, prompts_per_step=2, batch_size=4, max_completion_length=64,
@@ -124,7 +124,9 @@ SHRINK = {
     "08": dict(ttc_problems=8, ttc_samples=8, prm_problems=8, prm_samples=2, score_batch_size=32, beam_width=2,
                beam_expand=2, beam_max_steps=2, step_tokens=8, refine_rounds=1, budgets=[8, 16]),
     # 09: a Qwen prompt with the calculator offered is 256-272 tokens, and a rollout a call, its result and an answer;
-    # at temperature 1 the stand-in's samples ramble (as 05's) and TRL's loop would never see a call to run
+    # at temperature 1 the stand-in's samples ramble (as 05's) and TRL's loop would never see a call to run. A
+    # rehearsal's cuts win over a lesson's own arguments (presets.resolve): the trace SFT gets lesson 01's cuts, whose
+    # max_length must hold 09's traces (a test says so)
     "09": dict(n_train=16, max_turns=2, num_generations=2, prompts_per_step=2, batch_size=4, max_length=512,
                max_completion_length=128, hack_steps=1, hack_prompts=2, turn_prompts=4, sft_batch_size=2,
                sft_grad_accum=1, temperature=0.7),
@@ -169,10 +171,11 @@ def _cached(name: str, build, cache_dir: Path | None) -> Path:
 def _fit_batches(tokenizer, problems, steps: int, batch: int, traces=()):
     """The training data of :func:`_fit_answers`: ``(used, batches)``, the sorted token ids the examples use and
     ``steps`` batches ``(input_ids, attention_mask, labels)`` of ``batch`` random examples, right-padded, with labels
-    indexing ``used`` (the answer's tokens only; the prompt and padding -100). An example is a problem of ``problems``
-    with its answer in the chat template, or one of ``traces`` as lesson 09's tool conversation (its answer's calls
-    to the calculator, their results and its last turn), rendered as the lesson's rollouts render it: the calculator
-    offered (``tools=``), with ``agent.rollout_template`` (Qwen3: TRL's training template)."""
+    indexing ``used`` (every token after the prompt; the prompt and padding -100). An example is a problem of
+    ``problems`` with its answer in the chat template, or one of ``traces`` as lesson 09's tool conversation (its
+    answer's calls to the calculator, their results and its last turn: the tool turns are fitted too, which the
+    lesson's SFT leaves out, harmless where a turn ends at the end-of-turn token), rendered as the lesson's rollouts
+    render it: the calculator offered (``tools=``), with ``agent.rollout_template`` (Qwen3: TRL's training template)."""
     import torch
 
     from .. import agent, data
