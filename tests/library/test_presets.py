@@ -232,7 +232,9 @@ def test_every_resolved_value_is_what_it_was(fake_gpu):
     gained preference_losses (2026-11-30: the losses section 9 trains beside DPO; none on t4-16g, two on 24g/80g;
     KTO joined them on 2026-11-30 in place of APO-zero on 24g/80g); lesson 05 starts from lesson 04's SFT model
     (2026-12-01: shortcut_share 0.6 on every tier, tiny sft_steps 60 -> 120, so that its methods have something to
-    fix; tests/lessons/test_lesson05.py checks their gains on seeds 0-2)."""
+    fix; tests/lessons/test_lesson05.py checks their gains on seeds 0-2); lessons 04 and 05 on 24g and 80g were cut
+    to a session by counts only (2026-12-02, docs/gpu.md: 04's max_steps 50 -> 28 / 26, save_steps 25 -> 14 / 13,
+    80g's hand_steps 10 -> 5; 05's max_steps 26 -> 14, save_steps 16 -> 7, n_train 600 -> 400 / 300)."""
     fake_gpu("H100")   # a GPU every preset fits, bf16-capable; the Hub is "reachable" (the autouse fixture)
     want = json.loads((Path(__file__).parents[1] / "fixtures" / "resolved_presets.json").read_text())
     got = {}

@@ -8,7 +8,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "difficulty":             ("mixed", "mixed", "mixed", "mixed"),
     "sft_steps":              (120,   150,    150,    150),    # lesson 04's start: lesson 01's recipe (tiny: 3x) ...
     "shortcut_share":         (0.6,   0.6,    0.6,    0.6),     # ... on answers that skip the working: RL's job
-    "n_train":                (4000,  600,    600,    600),    # RL prompt pool
+    "n_train":                (4000,  600,    400,    300),    # RL prompt pool (DAPO's filter: at most all of it)
     "n_test":                 (500,   150,    150,    150),
     "num_generations":        (8,     8,      8,      8),
     "prompts_per_step":       (16,    8,      16,     16),      # generation batch = prompts_per_step x G
@@ -18,7 +18,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),
-    "max_steps":              (12,    26,     26,     26),     # optimizer steps (tiny: 6 generation batches)
+    "max_steps":              (12,    26,     14,     14),     # optimizer steps (tiny: 6 generation batches; 24g/80g: 7 of 16 prompts)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.0,   0.0,    0.0,    0.0),     # TRL's default, DAPO's and Dr. GRPO's: no reference
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # each method sets its own in the lesson
@@ -36,7 +36,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "lora_target_modules":    (ALL,   ALL,    ALL,    ALL),
     "eval_batch_size":        (250,   32,     64,     64),
     "gradient_checkpointing": (False, True,   True,   True),
-    "save_steps":             (0,     16,     16,     16),
+    "save_steps":             (0,     16,     7,      7),
     "logging_steps":          (1,     5,      5,      5),
     "use_vllm":               (False, False,  False,  False),
     "seeds":                  ([0],   [0],    [0],    [0]),    # SEED + each: every seed trains the four methods
