@@ -20,7 +20,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
     "learning_rate":          (1.25e-3, 1e-5, 1e-5,   1e-5),    # LoRA adapters (tiny: 1e-2 never settles)
-    "max_steps":              (16,    50,     28,     26),     # optimizer steps (24g/80g: 16 prompts each, >= t4-16g's 400 a run)
+    "max_steps":              (16,    50,     28,     26),     # optimizer steps (24g/80g: 16 prompts each)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.04,  0.04,   0.04,   0.04),    # KL weight: > 0, so the KL is logged
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # TRL's default

@@ -18,7 +18,7 @@ KNOBS = {  #                  tiny    t4-16g  24g     80g
     "temperature":            (1.0,   1.0,    1.0,    1.0),
     "max_completion_length":  (80,    256,    256,    256),
     "learning_rate":          (1e-3,  1e-5,   1e-5,   1e-5),
-    "max_steps":              (12,    26,     14,     14),     # optimizer steps (tiny: 6 generation batches; 24g/80g: 7 of 16 prompts)
+    "max_steps":              (12,    26,     14,     14),     # optimizer steps (generation batches: tiny 6, 24g/80g 7)
     "warmup_ratio":           (0.0,   0.0,    0.0,    0.0),
     "beta":                   (0.0,   0.0,    0.0,    0.0),     # TRL's default, DAPO's and Dr. GRPO's: no reference
     "loss_type":              ("dapo", "dapo", "dapo", "dapo"),  # each method sets its own in the lesson
